@@ -1,0 +1,406 @@
+"""Every message the tiers exchange, as frozen dataclasses that check themselves.
+
+Each top-level message has a wire ``KIND`` and a ``VERSION``. Decoding
+tolerates unknown fields (a newer peer may add some) and fills defaults for
+missing optional ones, so versions can roll out device by device. Records
+(``Taint``, ``Hop``, ...) are nested values without a kind of their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from ._schema import Record, schema_of
+from .errors import RemoteViolation
+
+__all__ = [
+    "Message", "MESSAGE_TYPES", "message",
+    "Taint", "PartitionStatus", "Hop", "DeviceSummary",
+    "DeviceBirth", "DeviceState", "DeviceDeath", "FogState", "Rebirth",
+    "Deploy", "Undeploy", "CommandAck",
+    "InferenceRequest", "Activation", "InferenceResult",
+    "FleetSummary", "ControlRequest", "ControlReply", "ModelRelease", "Envelope",
+]
+
+PROTOCOL_VERSION = 1
+MAX_ID_LEN = 128
+
+
+class Message(Record):
+    """A top-level message: has a wire kind and a version."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int] = PROTOCOL_VERSION
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {}
+
+
+def message(cls: type) -> type:
+    """Register a message class under its KIND and compile its schema."""
+    schema_of(cls)
+    if issubclass(cls, Message):
+        if cls.KIND in MESSAGE_TYPES:
+            raise RuntimeError(f"duplicate message kind {cls.KIND}")
+        MESSAGE_TYPES[cls.KIND] = cls
+    return cls
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value or len(value) > MAX_ID_LEN or any(c in value for c in "/+#\x00"):
+        raise RemoteViolation(f"invalid {what} {value[:40]!r}: 1-{MAX_ID_LEN} chars, no '/', '+', '#'")
+
+
+def _check_nonneg(**values: float | int | None) -> None:
+    for name, v in values.items():
+        if v is not None and (v != v or v < 0):  # v != v catches NaN
+            raise RemoteViolation(f"{name} must be >= 0, got {v}")
+
+
+# ---------------------------------------------------------------- records
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Taint(Record):
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def validate(self) -> None:
+        if self.effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise RemoteViolation(f"unknown taint effect {self.effect!r}")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class PartitionStatus(Record):
+    """What a device reports about one partition it runs, like a pod status."""
+
+    workload: str
+    version: int
+    replica: int
+    index: int
+    sha256: str
+    health: str  # "running" | "loading" | "failed"
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+    served: int = 0
+    errors: int = 0
+
+    def validate(self) -> None:
+        if self.health not in ("running", "loading", "failed"):
+            raise RemoteViolation(f"unknown partition health {self.health!r}")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Hop(Record):
+    """One stage of an inference route: which device runs which partition."""
+
+    device_id: str
+    workload: str
+    version: int
+    replica: int
+    index: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DeviceSummary(Record):
+    """A device as the coordinator needs it for client selection."""
+
+    device_id: str
+    alive: bool
+    battery_level: float | None = None
+    charging: bool = False
+    throttled: bool = False
+    metered: bool = False
+    power_w: float | None = None
+    fit_for_training: bool = False
+    reason: str = ""
+    flwr_node_id: int | None = None
+
+
+# --------------------------------------------------------------- adverts
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DeviceBirth(Message):
+    """Full description of a device, sent once per connection (Sparkplug NBIRTH)."""
+
+    KIND: ClassVar[str] = "dev.birth"
+    device_id: str
+    epoch: int
+    seq: int
+    site: str
+    public_key: bytes
+    flops: float
+    memory_bytes: int
+    uplink_bps: float
+    downlink_bps: float
+    rtt_s: float
+    power_active_w: float
+    power_idle_w: float
+    tx_j_per_byte: float = 0.0
+    rx_j_per_byte: float = 0.0
+    battery_capacity_wh: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    accelerators: tuple[str, ...] = ()
+    providers: tuple[str, ...] = ()
+    cpu_count: int = 1
+    state_interval_s: float = 10.0
+    simulated: bool = False
+    agent_version: str = ""
+
+    def validate(self) -> None:
+        _check_id(self.device_id, "device_id")
+        _check_nonneg(epoch=self.epoch, seq=self.seq, flops=self.flops, memory_bytes=self.memory_bytes,
+                      uplink_bps=self.uplink_bps, downlink_bps=self.downlink_bps, rtt_s=self.rtt_s,
+                      power_active_w=self.power_active_w, power_idle_w=self.power_idle_w,
+                      state_interval_s=self.state_interval_s)
+        if len(self.public_key) != 32:
+            raise RemoteViolation("public_key must be 32 bytes (Ed25519)")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DeviceState(Message):
+    """Periodic changing figures of a device (Sparkplug NDATA)."""
+
+    KIND: ClassVar[str] = "dev.state"
+    device_id: str
+    epoch: int
+    seq: int
+    free_memory_bytes: int
+    battery_level: float | None = None  # 0..1, None = mains powered
+    charging: bool = False
+    power_w: float | None = None
+    cpu_load: float = 0.0
+    temperature_c: float | None = None
+    throttled: bool = False
+    metered: bool = False
+    uplink_bps: float | None = None
+    rtt_s: float | None = None
+    partitions: tuple[PartitionStatus, ...] = ()
+    flwr_node_id: int | None = None
+
+    def validate(self) -> None:
+        _check_id(self.device_id, "device_id")
+        _check_nonneg(epoch=self.epoch, seq=self.seq, free_memory_bytes=self.free_memory_bytes)
+        if self.battery_level is not None and not 0.0 <= self.battery_level <= 1.0:
+            raise RemoteViolation(f"battery_level must be in [0, 1], got {self.battery_level}")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DeviceDeath(Message):
+    """The MQTT Will of a device connection; ``epoch`` names the connection that died."""
+
+    KIND: ClassVar[str] = "dev.death"
+    device_id: str
+    epoch: int
+
+    def validate(self) -> None:
+        _check_id(self.device_id, "device_id")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class FogState(Message):
+    """Retained online/offline state of a fog broker (Sparkplug primary host STATE)."""
+
+    KIND: ClassVar[str] = "fog.state"
+    fog_id: str
+    site: str
+    online: bool
+    epoch: int
+    public_key: bytes = b""
+    timestamp: float = 0.0
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Rebirth(Message):
+    """Ask devices to publish their birth again (all when ``device_id`` is empty)."""
+
+    KIND: ClassVar[str] = "fog.rebirth"
+    device_id: str = ""
+    reason: str = ""
+
+
+# -------------------------------------------------------------- commands
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Deploy(Message):
+    """Run a partition artifact; the artifact signature is checked before loading."""
+
+    KIND: ClassVar[str] = "cmd.deploy"
+    command_id: str
+    workload: str
+    version: int
+    replica: int
+    index: int
+    sha256: str
+    artifact: bytes
+    signature: bytes
+    signer: str
+    memory_bytes: int
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        _check_nonneg(memory_bytes=self.memory_bytes, version=self.version, replica=self.replica,
+                      index=self.index)
+        if len(self.sha256) != 64:
+            raise RemoteViolation("sha256 must be 64 hex characters")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Undeploy(Message):
+    KIND: ClassVar[str] = "cmd.undeploy"
+    command_id: str
+    workload: str
+    version: int
+    replica: int
+    index: int
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class CommandAck(Message):
+    """ACK or NACK of a command, with the reason a person can act on."""
+
+    KIND: ClassVar[str] = "cmd.ack"
+    command_id: str
+    device_id: str
+    ok: bool
+    reason: str = ""
+
+
+# -------------------------------------------------------------- inference
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class InferenceRequest(Message):
+    """A client's request to the fog broker's router."""
+
+    KIND: ClassVar[str] = "inf.request"
+    request_id: str
+    workload: str
+    reply_to: str
+    tensors: dict[str, np.ndarray]
+    timeout_s: float = 5.0
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Activation(Message):
+    """Named tensors travelling along a source-routed partition chain."""
+
+    KIND: ClassVar[str] = "inf.activation"
+    request_id: str
+    workload: str
+    route: tuple[Hop, ...]
+    hop: int
+    reply_to: str
+    tensors: dict[str, np.ndarray]
+    deadline: float = 0.0  # wall-clock seconds; 0 means none
+
+    def validate(self) -> None:
+        if not 0 <= self.hop < len(self.route):
+            raise RemoteViolation(f"hop {self.hop} outside a route of {len(self.route)}")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class InferenceResult(Message):
+    """Output tensors, or an error naming the stage that failed."""
+
+    KIND: ClassVar[str] = "inf.result"
+    request_id: str
+    ok: bool
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    error: str = ""
+    device_id: str = ""
+    replica: int = 0
+    latency_s: float = 0.0
+
+
+# -------------------------------------------------------------- fog <-> cloud, control
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class FleetSummary(Message):
+    """What a fog broker tells the coordinator about its devices, every few seconds."""
+
+    KIND: ClassVar[str] = "fog.summary"
+    fog_id: str
+    site: str
+    timestamp: float
+    devices: tuple[DeviceSummary, ...] = ()
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ControlRequest(Message):
+    """An operator request to a fog broker (deploy, delete, status); body is JSON."""
+
+    KIND: ClassVar[str] = "ctl.request"
+    request_id: str
+    action: str
+    reply_to: str
+    body: bytes = b""
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ControlReply(Message):
+    KIND: ClassVar[str] = "ctl.reply"
+    request_id: str
+    ok: bool
+    body: bytes = b""
+    error: str = ""
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class ModelRelease(Message):
+    """A signed new model version, published by the coordinator to fog brokers."""
+
+    KIND: ClassVar[str] = "cloud.release"
+    workload: str
+    version: int
+    sha256: str
+    artifact: bytes
+    signature: bytes
+    signer: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Envelope(Message):
+    """A signed wrapper: who sent ``payload``, on which connection, in which order, when."""
+
+    KIND: ClassVar[str] = "env"
+    sender: str
+    epoch: int
+    seq: int
+    timestamp: float
+    payload: bytes
+    signature: bytes
+
+    def validate(self) -> None:
+        _check_nonneg(epoch=self.epoch, seq=self.seq)

@@ -1,0 +1,322 @@
+"""Ed25519 identities, signed envelopes with replay protection, and artifact signatures.
+
+Nothing is trusted by default: a control message is accepted only as an
+``Envelope`` from an enrolled sender, with a valid signature, a fresh
+(epoch, seq) and a timestamp inside the window. The verifier is pure (time
+is a parameter) so it can be tested exhaustively; every rejection is a fixed
+reason phrase, counted.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from . import codec
+from .errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
+from .messages import Envelope, Message
+
+__all__ = [
+    "Identity", "fingerprint", "Signer", "TrustStore", "Verifier", "REASONS",
+    "ArtifactSignature", "sign_artifact", "verify_artifact", "sha256_hex", "SecurityError",
+]
+
+_ENV_DOMAIN = b"fogline-envelope-v1"
+_ART_DOMAIN = b"fogline-artifact-v1"
+
+# Fixed rejection phrases (counted; ids and numbers go in the error detail).
+OVERSIZED = "oversized"
+MALFORMED = "malformed"
+UNKNOWN_SENDER = "unknown sender"
+BAD_SIGNATURE = "bad signature"
+STALE_EPOCH = "stale epoch"
+REPLAYED = "replayed"
+OUTSIDE_WINDOW = "timestamp outside window"
+REASONS = (OVERSIZED, MALFORMED, UNKNOWN_SENDER, BAD_SIGNATURE, STALE_EPOCH, REPLAYED, OUTSIDE_WINDOW)
+
+
+def sha256_hex(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(public_key: bytes) -> str:
+    """Short human-comparable fingerprint of a public key (SSH style)."""
+    digest = hashlib.sha256(public_key).hexdigest()[:32]
+    return ":".join(digest[i:i + 4] for i in range(0, 32, 4))
+
+
+class Identity:
+    """A named Ed25519 key pair."""
+
+    __slots__ = ("name", "_key", "public_key_bytes")
+
+    def __init__(self, name: str, key: Ed25519PrivateKey) -> None:
+        self.name = name
+        self._key = key
+        self.public_key_bytes = key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    @classmethod
+    def generate(cls, name: str) -> "Identity":
+        return cls(name, Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, name: str, seed: bytes) -> "Identity":
+        """Deterministic identity from a 32-byte seed (simulations and tests)."""
+        return cls(name, Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed).digest()))
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.public_key_bytes)
+
+    def save(self, path: str | Path) -> None:
+        """Write the private key (PEM, PKCS8) readable by the owner only."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption())
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, name: str, path: str | Path) -> "Identity":
+        path = Path(path)
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise LocalViolation(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise LocalViolation(f"{path} is not an Ed25519 key")
+        return cls(name, key)
+
+    @classmethod
+    def load_or_create(cls, name: str, path: str | Path) -> "Identity":
+        path = Path(path)
+        if path.exists():
+            return cls.load(name, path)
+        ident = cls.generate(name)
+        ident.save(path)
+        return ident
+
+
+def _envelope_bytes(sender: str, epoch: int, seq: int, timestamp: float, payload: bytes) -> bytes:
+    return msgpack.packb([_ENV_DOMAIN, sender, epoch, seq, timestamp, payload], use_bin_type=True)
+
+
+class Signer:
+    """Seals messages of one connection: fixed (sender, epoch), increasing seq."""
+
+    __slots__ = ("identity", "epoch", "seq")
+
+    def __init__(self, identity: Identity, epoch: int, seq: int = 0) -> None:
+        self.identity = identity
+        self.epoch = epoch
+        self.seq = seq
+
+    def seal(self, msg: Message, now: float) -> Envelope:
+        payload = codec.encode(msg)
+        self.seq += 1
+        sig = self.identity.sign(_envelope_bytes(self.identity.name, self.epoch, self.seq, now, payload))
+        return Envelope(self.identity.name, self.epoch, self.seq, now, payload, sig)
+
+    def seal_bytes(self, msg: Message, now: float) -> bytes:
+        return codec.encode(self.seal(msg, now))
+
+
+class TrustStore:
+    """Enrolled public keys by sender name; optionally persisted as JSON."""
+
+    def __init__(self, keys: Mapping[str, bytes] | None = None, path: str | Path | None = None) -> None:
+        self._keys: dict[str, Ed25519PublicKey] = {}
+        self._raw: dict[str, bytes] = {}
+        self.path = Path(path) if path else None
+        if self.path and self.path.exists():
+            for name, hexkey in json.loads(self.path.read_text()).items():
+                self._put(name, bytes.fromhex(hexkey))
+        for name, key in (keys or {}).items():
+            self._put(name, key)
+
+    def _put(self, name: str, key: bytes) -> None:
+        self._keys[name] = Ed25519PublicKey.from_public_bytes(key)
+        self._raw[name] = key
+
+    def enroll(self, name: str, key: bytes) -> None:
+        if len(key) != 32:
+            raise RemoteViolation("Ed25519 public keys are 32 bytes")
+        self._put(name, key)
+        if self.path:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
+            os.replace(tmp, self.path)
+
+    def key_bytes(self, name: str) -> bytes | None:
+        return self._raw.get(name)
+
+    def public_key(self, name: str) -> Ed25519PublicKey | None:
+        return self._keys.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+@dataclass
+class _Window:
+    epoch: int
+    top: int
+    bitmap: int  # bit i set: seq (top - i) was seen
+
+
+class Verifier:
+    """Checks envelopes: size, sender, signature, (epoch, seq) freshness, timestamp window.
+
+    Replay protection is an IPsec-style sliding window per sender: a newer epoch
+    resets it, an older epoch is refused, and within an epoch each seq is taken
+    once and only if it is no more than ``window`` behind the highest seen (QoS1
+    redelivery and concurrent publishers reorder a little, never a lot).
+    """
+
+    def __init__(self, trust: TrustStore, *, max_skew_s: float = 30.0, max_size: int = codec.DEFAULT_MAX_SIZE,
+                 window: int = 64) -> None:
+        self.trust = trust
+        self.max_skew_s = max_skew_s
+        self.max_size = max_size
+        self.window = window
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.accepted = 0
+        self._windows: dict[str, _Window] = {}
+
+    def _reject(self, reason: str, detail: str = "") -> SecurityError:
+        self.rejected[reason] += 1
+        return SecurityError(reason, detail)
+
+    def open(self, data: bytes | memoryview, now: float) -> tuple[Envelope, Message]:
+        """Verify a framed envelope and decode its payload; raise ``SecurityError`` or ``DecodeError``."""
+        if len(data) > self.max_size:
+            raise self._reject(OVERSIZED, f"{len(data)} bytes")
+        try:
+            env = codec.decode(data, max_size=self.max_size)
+        except DecodeError as exc:
+            raise self._reject(MALFORMED, str(exc)) from None
+        if not isinstance(env, Envelope):
+            raise self._reject(MALFORMED, f"expected an envelope, got {env.KIND}")
+        return env, self.check(env, now)
+
+    def check(self, env: Envelope, now: float) -> Message:
+        key = self.trust.public_key(env.sender)
+        if key is None:
+            raise self._reject(UNKNOWN_SENDER, env.sender[:64])
+        try:
+            key.verify(env.signature, _envelope_bytes(env.sender, env.epoch, env.seq, env.timestamp, env.payload))
+        except InvalidSignature:
+            raise self._reject(BAD_SIGNATURE, env.sender) from None
+        if not abs(env.timestamp - now) <= self.max_skew_s:  # also catches NaN
+            raise self._reject(OUTSIDE_WINDOW, f"{env.timestamp - now:+.1f} s")
+        self._admit(env)
+        try:
+            msg = codec.decode(env.payload, max_size=self.max_size)
+        except DecodeError as exc:
+            raise self._reject(MALFORMED, f"payload: {exc}") from None
+        if isinstance(msg, Envelope):
+            raise self._reject(MALFORMED, "nested envelope")
+        self.accepted += 1
+        return msg
+
+    def _admit(self, env: Envelope) -> None:
+        w = self._windows.get(env.sender)
+        if w is None or env.epoch > w.epoch:
+            self._windows[env.sender] = _Window(env.epoch, env.seq, 1)
+            return
+        if env.epoch < w.epoch:
+            raise self._reject(STALE_EPOCH, f"{env.epoch} < {w.epoch}")
+        if env.seq > w.top:
+            shift = env.seq - w.top
+            w.bitmap = ((w.bitmap << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            w.top = env.seq
+            return
+        back = w.top - env.seq
+        if back >= self.window or (w.bitmap >> back) & 1:
+            raise self._reject(REPLAYED, f"seq {env.seq} (highest {w.top})")
+        w.bitmap |= 1 << back
+
+    def forget(self, sender: str) -> None:
+        self._windows.pop(sender, None)
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def _canonical_meta(metadata: Mapping[str, Any]) -> list[list[Any]]:
+    out = []
+    for k in sorted(metadata):
+        v = metadata[k]
+        if not isinstance(v, (str, int, float, bool)):
+            raise LocalViolation(f"artifact metadata {k!r} must be a scalar, not {type(v).__name__}")
+        out.append([k, v])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactSignature:
+    """Signature over sha256(bytes) plus metadata: hash then sign."""
+
+    sha256: str
+    signer: str
+    signature: bytes
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "signer": self.signer, "signature": self.signature.hex(),
+                "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ArtifactSignature":
+        try:
+            return cls(str(d["sha256"]), str(d["signer"]), bytes.fromhex(d["signature"]),
+                       dict(d.get("metadata", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RemoteViolation(f"malformed artifact signature: {exc}") from None
+
+
+def _artifact_bytes(sha: str, signer: str, metadata: Mapping[str, Any]) -> bytes:
+    return msgpack.packb([_ART_DOMAIN, sha, signer, _canonical_meta(metadata)], use_bin_type=True)
+
+
+def sign_artifact(identity: Identity, data: bytes | memoryview,
+                  metadata: Mapping[str, Any] | None = None) -> ArtifactSignature:
+    meta = dict(metadata or {})
+    sha = sha256_hex(data)
+    return ArtifactSignature(sha, identity.name, identity.sign(_artifact_bytes(sha, identity.name, meta)), meta)
+
+
+def verify_artifact(public_key: bytes, data: bytes | memoryview, sig: ArtifactSignature) -> None:
+    """Raise ``SecurityError`` unless ``data`` hashes to ``sig.sha256`` and the signature holds."""
+    actual = sha256_hex(data)
+    if actual != sig.sha256:
+        raise SecurityError("hash mismatch", f"got {actual[:12]}, signed {sig.sha256[:12]}")
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            sig.signature, _artifact_bytes(sig.sha256, sig.signer, sig.metadata))
+    except (InvalidSignature, ValueError):
+        raise SecurityError(BAD_SIGNATURE, sig.signer) from None
