@@ -5,6 +5,7 @@ that a model is parsed, checked and shape-inferred exactly once.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -135,7 +136,7 @@ def _subgraph_captures(node: onnx.NodeProto) -> list[str]:
     """Outer-scope names a control-flow node reads implicitly through its subgraphs."""
     captured: list[str] = []
     for attr in node.attribute:
-        graphs = list(attr.g and [attr.g] or []) + list(attr.graphs)
+        graphs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
         for g in graphs:
             if not g.node:
                 continue
@@ -202,15 +203,26 @@ def _tensor_info(vi: onnx.ValueInfoProto, where: str) -> TensorInfo:
     return _make_info(vi.name, tuple(shape), tt.elem_type)
 
 
+_DTYPES: dict[int, tuple[str, int]] = {}
+
+
+def _dtype(elem_type: int) -> tuple[str, int]:
+    """numpy dtype name and item size of an ONNX element type (cached: it is hot)."""
+    hit = _DTYPES.get(elem_type)
+    if hit is None:
+        try:
+            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+            # strings have no fixed size; count them as empty
+            hit = (dt.name, 0 if dt.kind == "O" else dt.itemsize)
+        except (KeyError, TypeError, ValueError):
+            hit = (onnx.TensorProto.DataType.Name(elem_type).lower(), 0)
+        _DTYPES[elem_type] = hit
+    return hit
+
+
 def _make_info(name: str, shape: tuple[int, ...], elem_type: int) -> TensorInfo:
-    try:
-        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-        dtype, itemsize = dt.name, dt.itemsize
-    except (KeyError, TypeError, ValueError):
-        dtype, itemsize = onnx.TensorProto.DataType.Name(elem_type).lower(), 0
-    if dtype == "object":  # strings have no fixed size; count them as empty
-        itemsize = 0
-    return TensorInfo(name, shape, dtype, int(np.prod(shape, dtype=np.int64)) * itemsize)
+    dtype, itemsize = _dtype(elem_type)
+    return TensorInfo(name, shape, dtype, math.prod(shape) * itemsize)
 
 
 def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None) -> GraphAnalysis:

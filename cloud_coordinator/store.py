@@ -1,0 +1,291 @@
+"""Replicated, checksummed, atomic checkpoint files: the thin I/O shell over ``policy``.
+
+Each replica directory holds pairs ``ckpt-00000007.bin`` (msgpack payload,
+numpy arrays as an ext type) and ``ckpt-00000007.json`` (manifest: round,
+size, sha256, config hash, optional Ed25519 signature). Both are written
+temp file -> fsync -> rename -> fsync(dir), payload first, so a manifest
+never names a payload that is not fully on disk; a crash leaves at worst a
+stray temp file. A checkpoint counts only if its payload hashes to the
+manifest's sha256 (and the signature holds when a key is configured), so a
+truncated or bit-flipped replica is skipped and another one is used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from runtime.errors import DecodeError, FoglineError, LocalViolation, SecurityError
+from runtime.security import ArtifactSignature, Identity, sign_artifact, verify_artifact
+
+from .policy import CheckpointPolicy, ReplicaEntry, choose_resume, to_prune
+
+__all__ = ["Checkpoint", "SaveReport", "ScanReport", "CheckpointStore", "QuorumError",
+           "pack", "unpack", "atomic_write"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_EXT_NDARRAY = 7
+_NAME = re.compile(r"^ckpt-(\d{8})\.json$")
+
+
+class QuorumError(FoglineError):
+    """Fewer replicas than the quorum took a checkpoint: the round is not durable."""
+
+
+# ---------------------------------------------------------------- payload codec
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":
+            raise LocalViolation(f"cannot checkpoint arrays of dtype {obj.dtype}")
+        arr = np.ascontiguousarray(obj)
+        return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape)]) + arr.tobytes())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise LocalViolation(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code != _EXT_NDARRAY:
+        raise DecodeError(f"unknown ext type {code}")
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    dtype_s, shape = unpacker.unpack()
+    head = unpacker.tell()
+    dtype = np.dtype(dtype_s)
+    if dtype.kind not in "biuf":
+        raise DecodeError(f"dtype {dtype_s!r} not allowed")
+    return np.frombuffer(data, dtype=dtype, offset=head).reshape(shape).copy()
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack with numpy arrays (dtype, shape, raw bytes): no pickle."""
+    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+
+
+def unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except DecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any malformed payload is one error type
+        raise DecodeError(f"undecodable checkpoint payload ({type(exc).__name__})") from None
+
+
+# ---------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Checkpoint:
+    """The coordinator's durable state after a round: enough to continue bit for bit."""
+
+    server_round: int
+    weights: tuple[np.ndarray, ...]
+    config_hash: str
+    aggregator_state: dict[str, Any] = field(default_factory=dict)
+    rng_state: dict[str, Any] = field(default_factory=dict)
+    history: tuple[dict[str, Any], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_payload(self) -> bytes:
+        return pack({"format": FORMAT, "round": self.server_round, "weights": list(self.weights),
+                     "config_hash": self.config_hash, "aggregator_state": self.aggregator_state,
+                     "rng_state": self.rng_state, "history": list(self.history), "extra": self.extra})
+
+    @classmethod
+    def from_payload(cls, data: bytes) -> "Checkpoint":
+        d = unpack(data)
+        try:
+            if d["format"] != FORMAT:
+                raise DecodeError(f"checkpoint format {d['format']} not supported")
+            return cls(int(d["round"]), tuple(d["weights"]), str(d["config_hash"]),
+                       dict(d["aggregator_state"] or {}), dict(d["rng_state"] or {}),
+                       tuple(d["history"]), dict(d.get("extra") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"malformed checkpoint: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReport:
+    server_round: int
+    written: tuple[int, ...]
+    failed: dict[int, str]
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    entries: tuple[ReplicaEntry, ...]
+
+    @property
+    def skipped(self) -> tuple[ReplicaEntry, ...]:
+        return tuple(e for e in self.entries if not e.ok)
+
+
+# ---------------------------------------------------------------- files
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if sync_dir:
+        _fsync_dir(path.parent)
+
+
+class CheckpointStore:
+    """Checkpoints in several directories (replicas); a save needs ``quorum`` of them."""
+
+    def __init__(self, dirs: Sequence[str | Path], policy: CheckpointPolicy | None = None, *,
+                 identity: Identity | None = None, trusted_key: bytes | None = None) -> None:
+        if not dirs:
+            raise LocalViolation("a checkpoint store needs at least one directory")
+        self.dirs = tuple(Path(d) for d in dirs)
+        if len(set(p.resolve() for p in self.dirs)) != len(self.dirs):
+            raise LocalViolation("checkpoint replicas must be distinct directories")
+        self.policy = policy or CheckpointPolicy()
+        self.quorum = min(self.policy.quorum, len(self.dirs))
+        self.identity = identity
+        self.trusted_key = trusted_key if trusted_key is not None else (
+            identity.public_key_bytes if identity else None)
+        for d in self.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def _names(server_round: int) -> tuple[str, str]:
+        stem = f"ckpt-{server_round:08d}"
+        return stem + ".bin", stem + ".json"
+
+    def save(self, ckpt: Checkpoint) -> SaveReport:
+        """Write to every replica; raise ``QuorumError`` if fewer than ``quorum`` succeeded."""
+        t0 = time.perf_counter()
+        payload = ckpt.to_payload()
+        sha = hashlib.sha256(payload).hexdigest()
+        manifest: dict[str, Any] = {"format": FORMAT, "round": ckpt.server_round, "size": len(payload),
+                                    "sha256": sha, "config_hash": ckpt.config_hash,
+                                    "created": time.time()}
+        if self.identity is not None:
+            sig = sign_artifact(self.identity, payload,
+                                {"round": ckpt.server_round, "config_hash": ckpt.config_hash})
+            manifest["signature"] = sig.to_dict()
+        bin_name, json_name = self._names(ckpt.server_round)
+        mbytes = json.dumps(manifest, sort_keys=True, indent=1).encode()
+        written: list[int] = []
+        failed: dict[int, str] = {}
+        for i, d in enumerate(self.dirs):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                atomic_write(d / bin_name, payload, sync_dir=False)
+                atomic_write(d / json_name, mbytes)
+                written.append(i)
+            except OSError as exc:
+                failed[i] = f"{type(exc).__name__}: {exc.strerror or exc}"
+                log.warning("checkpoint round %d: replica %s failed: %s", ckpt.server_round, d, failed[i])
+        if len(written) < self.quorum:
+            raise QuorumError(f"checkpoint of round {ckpt.server_round} reached {len(written)} of "
+                              f"{self.quorum} replicas: {failed}")
+        for i in written:
+            self._prune(self.dirs[i])
+        return SaveReport(ckpt.server_round, tuple(written), failed, len(payload),
+                          time.perf_counter() - t0)
+
+    def _rounds_in(self, d: Path) -> list[int]:
+        try:
+            return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
+        except OSError:
+            return []
+
+    def _prune(self, d: Path) -> None:
+        for r in to_prune(self._rounds_in(d), self.policy.keep):
+            for name in reversed(self._names(r)):  # manifest first: never a manifest without payload
+                try:
+                    (d / name).unlink()
+                except FileNotFoundError:
+                    pass
+        for stray in d.glob(".ckpt-*.tmp-*"):
+            try:
+                stray.unlink()
+            except OSError:
+                pass
+
+    def _verify(self, i: int, server_round: int) -> tuple[ReplicaEntry, bytes | None]:
+        d = self.dirs[i]
+        bin_name, json_name = self._names(server_round)
+
+        def bad(reason: str, chash: str = "") -> tuple[ReplicaEntry, None]:
+            return ReplicaEntry(i, server_round, chash, False, reason), None
+
+        try:
+            m = json.loads((d / json_name).read_bytes())
+            chash, sha, size = str(m["config_hash"]), str(m["sha256"]), int(m["size"])
+            if int(m["round"]) != server_round:
+                return bad("manifest round mismatch", chash)
+        except (OSError, ValueError, KeyError, TypeError):
+            return bad("manifest unreadable")
+        try:
+            payload = (d / bin_name).read_bytes()
+        except OSError:
+            return bad("payload missing", chash)
+        if len(payload) != size:
+            return bad("payload truncated" if len(payload) < size else "payload size mismatch", chash)
+        if hashlib.sha256(payload).hexdigest() != sha:
+            return bad("checksum mismatch", chash)
+        if self.trusted_key is not None:
+            if "signature" not in m:
+                return bad("unsigned", chash)
+            try:
+                verify_artifact(self.trusted_key, payload, ArtifactSignature.from_dict(m["signature"]))
+            except SecurityError:
+                return bad("bad signature", chash)
+        return ReplicaEntry(i, server_round, chash, True), payload
+
+    def scan(self) -> ScanReport:
+        """Verify every checkpoint in every replica (reads and hashes each payload)."""
+        entries = [self._verify(i, r)[0] for i, d in enumerate(self.dirs) for r in self._rounds_in(d)]
+        return ScanReport(tuple(entries))
+
+    def load_latest(self, config_hash: str | None = None) -> tuple[Checkpoint | None, ScanReport]:
+        """The newest checkpoint that verifies in some replica, and what was skipped on the way."""
+        report = self.scan()
+        entries = list(report.entries)
+        while (best := choose_resume(entries, config_hash)) is not None:
+            entry, payload = self._verify(best.replica, best.server_round)
+            if payload is not None:
+                try:
+                    return Checkpoint.from_payload(payload), report
+                except DecodeError as exc:
+                    log.warning("checkpoint %s in %s: %s", best.server_round, self.dirs[best.replica], exc)
+            entries = [e for e in entries if e != best]
+        return None, report

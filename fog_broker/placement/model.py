@@ -1,0 +1,591 @@
+"""Plain data of placement: devices, workloads, chain profiles, plans, and their JSON.
+
+Every class is a frozen, slotted dataclass that checks itself at construction;
+``from_dict`` turns a malformed document into ``SpecError`` (a ``ValueError``)
+naming the field, so the CLI can print one line and the broker can drop the input.
+The JSON shapes are those of ``COST_MODEL.md``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from runtime.errors import RemoteViolation
+
+__all__ = [
+    "SpecError", "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
+    "ChainProfile", "Workload", "Quota", "PartitionPlacement", "ReplicaPlacement",
+    "WorkloadPlacement", "WorkloadResult", "PlanMetrics", "Plan", "parse_workloads",
+    "NO_SCHEDULE_EFFECTS",
+]
+
+#: Taint effects that forbid placement (``PreferNoSchedule`` only scores, and we do not score it).
+NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+class SpecError(RemoteViolation):
+    """A fleet, workload or plan document that does not match the documented format."""
+
+
+# --- field readers: one place that turns wrong types into SpecError -------------------------
+
+
+def _obj(d: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: expected an object, got {type(d).__name__}")
+    return d
+
+
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise SpecError(f"{where}: missing field '{key}'")
+    return d[key]
+
+
+def _num(v: Any, where: str, *, minimum: float | None = 0.0, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SpecError(f"{where}: expected a finite number, got {v!r}")
+    if positive and v <= 0:
+        raise SpecError(f"{where}: must be > 0, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise SpecError(f"{where}: must be >= {minimum:g}, got {v!r}")
+    return float(v)
+
+
+def _int(v: Any, where: str, *, minimum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise SpecError(f"{where}: expected an integer, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise SpecError(f"{where}: must be >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _str(v: Any, where: str, *, empty_ok: bool = False) -> str:
+    if not isinstance(v, str) or (not v and not empty_ok):
+        raise SpecError(f"{where}: expected a non-empty string, got {v!r}")
+    return v
+
+
+def _strmap(v: Any, where: str) -> tuple[tuple[str, str], ...]:
+    m = _obj(v, where)
+    out = []
+    for k, val in m.items():
+        if not isinstance(k, str) or not isinstance(val, str):
+            raise SpecError(f"{where}: labels must map strings to strings, got {k!r}: {val!r}")
+        out.append((k, val))
+    return tuple(sorted(out))
+
+
+def _list(v: Any, where: str) -> Sequence[Any]:
+    if not isinstance(v, list):
+        raise SpecError(f"{where}: expected a list, got {type(v).__name__}")
+    return v
+
+
+# --- fleet ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A device repels workloads that do not tolerate ``key=value:effect``."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "taint") -> Taint:
+        d = _obj(d, where)
+        return cls(_str(_req(d, "key", where), f"{where}.key"),
+                   _str(d.get("value", ""), f"{where}.value", empty_ok=True),
+                   _str(d.get("effect", "NoSchedule"), f"{where}.effect"))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """Tolerates taints with this key; an empty value or effect matches any (Kubernetes ``Exists``)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, t: Taint) -> bool:
+        return (self.key == t.key and (not self.value or self.value == t.value)
+                and (not self.effect or self.effect == t.effect))
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "toleration") -> Toleration:
+        d = _obj(d, where)
+        return cls(_str(_req(d, "key", where), f"{where}.key"),
+                   _str(d.get("value", "") or "", f"{where}.value", empty_ok=True),
+                   _str(d.get("effect", "") or "", f"{where}.effect", empty_ok=True))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+@dataclass(frozen=True, slots=True)
+class Battery:
+    """``level`` is the charge fraction in [0, 1]; ``charging`` (optional in JSON) lifts the energy floor."""
+
+    capacity_wh: float
+    level: float
+    charging: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.level <= 1.0:
+            raise SpecError(f"battery level must be in [0, 1], got {self.level!r}")
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "battery") -> Battery:
+        d = _obj(d, where)
+        charging = d.get("charging", False)
+        if not isinstance(charging, bool):
+            raise SpecError(f"{where}.charging: expected a boolean, got {charging!r}")
+        return cls(_num(_req(d, "capacity_wh", where), f"{where}.capacity_wh"),
+                   _num(_req(d, "level", where), f"{where}.level"), charging)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"capacity_wh": self.capacity_wh, "level": self.level}
+        if self.charging:
+            out["charging"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One edge machine as the reference cost model sees it (units in COST_MODEL.md)."""
+
+    id: str
+    flops: float
+    memory_bytes: float
+    uplink_bps: float
+    downlink_bps: float
+    rtt_s: float = 0.0
+    power_active_w: float = 0.0
+    power_idle_w: float = 0.0
+    tx_j_per_byte: float = 0.0
+    rx_j_per_byte: float = 0.0
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    battery: Battery | None = None
+    alive: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise SpecError("device id must be non-empty")
+        for name in ("flops", "uplink_bps", "downlink_bps"):
+            if not getattr(self, name) > 0:
+                raise SpecError(f"device {self.id}: {name} must be > 0")
+        for name in ("memory_bytes", "rtt_s", "power_active_w", "power_idle_w",
+                     "tx_j_per_byte", "rx_j_per_byte"):
+            if not getattr(self, name) >= 0:
+                raise SpecError(f"device {self.id}: {name} must be >= 0")
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @property
+    def power_domain(self) -> str:
+        """The anti-affinity domain; an unlabelled device is a domain of its own."""
+        for k, v in self.labels:
+            if k == "power-domain":
+                return v
+        return f"device:{self.id}"
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "device") -> Device:
+        d = _obj(d, where)
+        did = _str(_req(d, "id", where), f"{where}.id")
+        w = f"device {did}"
+        alive = d.get("alive", True)
+        if not isinstance(alive, bool):
+            raise SpecError(f"{w}.alive: expected a boolean, got {alive!r}")
+        batt = d.get("battery")
+        return cls(
+            id=did,
+            flops=_num(_req(d, "flops", w), f"{w}.flops", positive=True),
+            memory_bytes=_num(_req(d, "memory_bytes", w), f"{w}.memory_bytes"),
+            uplink_bps=_num(_req(d, "uplink_bps", w), f"{w}.uplink_bps", positive=True),
+            downlink_bps=_num(_req(d, "downlink_bps", w), f"{w}.downlink_bps", positive=True),
+            rtt_s=_num(d.get("rtt_s", 0.0), f"{w}.rtt_s"),
+            power_active_w=_num(d.get("power_active_w", 0.0), f"{w}.power_active_w"),
+            power_idle_w=_num(d.get("power_idle_w", 0.0), f"{w}.power_idle_w"),
+            tx_j_per_byte=_num(d.get("tx_j_per_byte", 0.0), f"{w}.tx_j_per_byte"),
+            rx_j_per_byte=_num(d.get("rx_j_per_byte", 0.0), f"{w}.rx_j_per_byte"),
+            labels=_strmap(d.get("labels", {}) or {}, f"{w}.labels"),
+            taints=tuple(Taint.from_dict(t, f"{w}.taints[{i}]")
+                         for i, t in enumerate(_list(d.get("taints", []) or [], f"{w}.taints"))),
+            battery=None if batt is None else Battery.from_dict(batt, f"{w}.battery"),
+            alive=alive,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "labels": dict(self.labels),
+            "taints": [t.to_dict() for t in self.taints],
+            "flops": self.flops, "memory_bytes": self.memory_bytes,
+            "uplink_bps": self.uplink_bps, "downlink_bps": self.downlink_bps,
+            "rtt_s": self.rtt_s, "power_active_w": self.power_active_w,
+            "power_idle_w": self.power_idle_w, "tx_j_per_byte": self.tx_j_per_byte,
+            "rx_j_per_byte": self.rx_j_per_byte,
+            "battery": None if self.battery is None else self.battery.to_dict(),
+            "alive": self.alive,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """A snapshot of a site's devices; ids are unique."""
+
+    devices: tuple[Device, ...]
+    index: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        idx: dict[str, int] = {}
+        for i, dev in enumerate(self.devices):
+            if dev.id in idx:
+                raise SpecError(f"duplicate device id '{dev.id}'")
+            idx[dev.id] = i
+        object.__setattr__(self, "index", idx)
+
+    def get(self, device_id: str) -> Device | None:
+        i = self.index.get(device_id)
+        return None if i is None else self.devices[i]
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Fleet:
+        d = _obj(d, "fleet")
+        devs = _list(_req(d, "devices", "fleet"), "fleet.devices")
+        return cls(tuple(Device.from_dict(x, f"fleet.devices[{i}]") for i, x in enumerate(devs)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": [dev.to_dict() for dev in self.devices]}
+
+
+# --- workloads ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """The graph between two consecutive valid cut points."""
+
+    name: str
+    flops: float
+    param_bytes: float
+    activation_bytes: float
+    out_bytes: float
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Segment:
+        d = _obj(d, where)
+        return cls(_str(d.get("name", where), f"{where}.name"),
+                   _num(_req(d, "flops", where), f"{where}.flops"),
+                   _num(_req(d, "param_bytes", where), f"{where}.param_bytes"),
+                   _num(_req(d, "activation_bytes", where), f"{where}.activation_bytes"),
+                   _num(_req(d, "out_bytes", where), f"{where}.out_bytes"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "flops": self.flops, "param_bytes": self.param_bytes,
+                "activation_bytes": self.activation_bytes, "out_bytes": self.out_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class ChainProfile:
+    """A model as a sequence of segments; a partition is a contiguous range of them."""
+
+    model: str
+    input_bytes: float
+    segments: tuple[Segment, ...]
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise SpecError(f"profile '{self.model}': no segments")
+
+    def memory_of(self, first: int, last: int) -> float:
+        """``param_bytes(p) + peak_activation_bytes(p)`` for segments ``first..last`` inclusive."""
+        segs = self.segments[first:last + 1]
+        return sum(s.param_bytes for s in segs) + max(s.activation_bytes for s in segs)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "profile") -> ChainProfile:
+        d = _obj(d, where)
+        segs = _list(_req(d, "segments", where), f"{where}.segments")
+        return cls(_str(d.get("model", "model"), f"{where}.model"),
+                   _num(_req(d, "input_bytes", where), f"{where}.input_bytes"),
+                   tuple(Segment.from_dict(s, f"{where}.segments[{i}]") for i, s in enumerate(segs)))
+
+    @classmethod
+    def coerce(cls, obj: Any) -> ChainProfile:
+        """Accept what ``models.cuts.chain_profile`` returns: ours, a dict, or an attribute object."""
+        if isinstance(obj, ChainProfile):
+            return obj
+        if isinstance(obj, Mapping):
+            return cls.from_dict(obj)
+        if hasattr(obj, "to_dict"):
+            return cls.from_dict(obj.to_dict())
+        try:
+            return cls.from_dict({
+                "model": str(getattr(obj, "model", "model")),
+                "input_bytes": getattr(obj, "input_bytes"),
+                "segments": [s if isinstance(s, Mapping) else {
+                    "name": str(getattr(s, "name", f"s{i}")), "flops": s.flops,
+                    "param_bytes": s.param_bytes, "activation_bytes": s.activation_bytes,
+                    "out_bytes": s.out_bytes} for i, s in enumerate(getattr(obj, "segments"))],
+            })
+        except AttributeError as exc:
+            raise SpecError(f"not a chain profile: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "input_bytes": self.input_bytes,
+                "segments": [s.to_dict() for s in self.segments]}
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A tenant's cap on the memory of all its placed partitions (all replicas)."""
+
+    memory_bytes: float
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "quota") -> Quota:
+        d = _obj(d, where)
+        return cls(_num(_req(d, "memory_bytes", where), f"{where}.memory_bytes"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"memory_bytes": self.memory_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A model to serve. ``profile`` is None until the shell resolved ``model`` (an ONNX path)."""
+
+    name: str
+    source: str
+    sink: str
+    tenant: str = "default"
+    priority: int = 0
+    replicas: int = 1
+    objective: str = "latency"
+    selectors: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    max_partitions: int | None = None
+    profile: ChainProfile | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("latency", "energy"):
+            raise SpecError(f"workload {self.name}: objective must be 'latency' or 'energy'")
+        if self.replicas < 1:
+            raise SpecError(f"workload {self.name}: replicas must be >= 1")
+        if self.max_partitions is not None and self.max_partitions < 1:
+            raise SpecError(f"workload {self.name}: max_partitions must be >= 1")
+        if self.profile is None and self.model is None:
+            raise SpecError(f"workload {self.name}: needs exactly one of 'model' or 'profile'")
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "workload") -> Workload:
+        d = _obj(d, where)
+        name = _str(_req(d, "name", where), f"{where}.name")
+        w = f"workload {name}"
+        if ("model" in d) == ("profile" in d):
+            raise SpecError(f"{w}: needs exactly one of 'model' or 'profile'")
+        mp = d.get("max_partitions")
+        return cls(
+            name=name,
+            source=_str(_req(d, "source", w), f"{w}.source"),
+            sink=_str(_req(d, "sink", w), f"{w}.sink"),
+            tenant=_str(d.get("tenant", "default"), f"{w}.tenant"),
+            priority=_int(d.get("priority", 0), f"{w}.priority"),
+            replicas=_int(d.get("replicas", 1), f"{w}.replicas", minimum=1),
+            objective=_str(d.get("objective", "latency"), f"{w}.objective"),
+            selectors=_strmap(d.get("selectors", {}) or {}, f"{w}.selectors"),
+            tolerations=tuple(Toleration.from_dict(t, f"{w}.tolerations[{i}]") for i, t in
+                              enumerate(_list(d.get("tolerations", []) or [], f"{w}.tolerations"))),
+            max_partitions=None if mp is None else _int(mp, f"{w}.max_partitions", minimum=1),
+            profile=ChainProfile.from_dict(d["profile"], f"{w}.profile") if "profile" in d else None,
+            model=_str(d["model"], f"{w}.model") if "model" in d else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "tenant": self.tenant, "priority": self.priority,
+            "replicas": self.replicas, "objective": self.objective,
+            "source": self.source, "sink": self.sink, "selectors": dict(self.selectors),
+            "tolerations": [t.to_dict() for t in self.tolerations],
+        }
+        if self.max_partitions is not None:
+            out["max_partitions"] = self.max_partitions
+        if self.profile is not None:
+            out["profile"] = self.profile.to_dict()
+        else:
+            out["model"] = self.model
+        return out
+
+
+def parse_workloads(d: Any) -> tuple[tuple[Workload, ...], dict[str, Quota]]:
+    """Read a WORKLOADS.json document: the workloads and the optional per-tenant quotas."""
+    d = _obj(d, "workloads file")
+    items = _list(_req(d, "workloads", "workloads file"), "workloads")
+    wls = tuple(Workload.from_dict(x, f"workloads[{i}]") for i, x in enumerate(items))
+    names = [w.name for w in wls]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise SpecError(f"duplicate workload name(s): {', '.join(dup)}")
+    quotas = {str(t): Quota.from_dict(q, f"quotas.{t}")
+              for t, q in _obj(d.get("quotas", {}) or {}, "quotas").items()}
+    return wls, quotas
+
+
+# --- plans ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlacement:
+    """Segments ``first..last`` (inclusive) run on ``device``."""
+
+    first: int
+    last: int
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segments": [self.first, self.last], "device": self.device}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "partition") -> PartitionPlacement:
+        d = _obj(d, where)
+        seg = _list(_req(d, "segments", where), f"{where}.segments")
+        if len(seg) != 2:
+            raise SpecError(f"{where}.segments: expected [first, last]")
+        return cls(_int(seg[0], f"{where}.segments[0]", minimum=0),
+                   _int(seg[1], f"{where}.segments[1]", minimum=0),
+                   _str(_req(d, "device", where), f"{where}.device"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlacement:
+    """One replica chain with its predicted cost under the reference model."""
+
+    partitions: tuple[PartitionPlacement, ...]
+    latency_s: float
+    energy_j: float
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(p.device for p in self.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partitions": [p.to_dict() for p in self.partitions],
+                "latency_s": self.latency_s, "energy_j": self.energy_j}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "replica") -> ReplicaPlacement:
+        d = _obj(d, where)
+        parts = _list(_req(d, "partitions", where), f"{where}.partitions")
+        return cls(tuple(PartitionPlacement.from_dict(p, f"{where}.partitions[{i}]")
+                         for i, p in enumerate(parts)),
+                   _num(d.get("latency_s", 0.0), f"{where}.latency_s"),
+                   _num(d.get("energy_j", 0.0), f"{where}.energy_j"))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadPlacement:
+    """What runs for one workload: its replica chains, the primary first."""
+
+    replicas: tuple[ReplicaPlacement, ...]
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "placement") -> WorkloadPlacement:
+        d = _obj(d, where)
+        reps = _list(_req(d, "replicas", where), f"{where}.replicas")
+        return cls(tuple(ReplicaPlacement.from_dict(r, f"{where}.replicas[{i}]")
+                         for i, r in enumerate(reps)))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadResult:
+    """One workload's outcome: placed (with replicas) or pending (with a reason per failed gate).
+
+    ``reasons`` are sentences for people; ``detail`` holds the same facts as ids and numbers
+    (node-reason histogram, bytes asked and free) for programs.
+    """
+
+    name: str
+    status: str  # "placed" | "pending"
+    replicas: tuple[ReplicaPlacement, ...] = ()
+    reasons: tuple[tuple[str, str], ...] = ()
+    detail: tuple[tuple[str, Any], ...] = ()
+    kept: bool = False
+
+    @property
+    def placed(self) -> bool:
+        return self.status == "placed"
+
+    @property
+    def placement(self) -> WorkloadPlacement:
+        return WorkloadPlacement(self.replicas)
+
+    @property
+    def reason_map(self) -> dict[str, str]:
+        return dict(self.reasons)
+
+    @property
+    def detail_map(self) -> dict[str, Any]:
+        return dict(self.detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.placed:
+            return {"name": self.name, "status": "placed",
+                    "replicas": [r.to_dict() for r in self.replicas]}
+        return {"name": self.name, "status": "pending", "reasons": dict(self.reasons)}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanMetrics:
+    """Site metrics of COST_MODEL.md; ``solve_s`` is filled in by the shell (the core reads no clock)."""
+
+    utilization: float
+    fragmentation: float
+    solve_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"utilization": self.utilization, "fragmentation": self.fragmentation,
+                "solve_s": self.solve_s}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The scheduler's answer: one result per workload (input order), the evicted names, metrics."""
+
+    workloads: tuple[WorkloadResult, ...]
+    evicted: tuple[str, ...]
+    metrics: PlanMetrics
+
+    def result(self, name: str) -> WorkloadResult:
+        for r in self.workloads:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def placements(self) -> dict[str, WorkloadPlacement]:
+        """Feed back as ``current`` on the next reconcile."""
+        return {r.name: r.placement for r in self.workloads if r.placed}
+
+    def with_solve_s(self, seconds: float) -> Plan:
+        m = self.metrics
+        return Plan(self.workloads, self.evicted,
+                    PlanMetrics(m.utilization, m.fragmentation, seconds))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workloads": [r.to_dict() for r in self.workloads],
+                "evicted": list(self.evicted),
+                "metrics": self.metrics.to_dict()}
