@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 _EXT_NDARRAY = 7
+_EXT_BIGINT = 8
 _NAME = re.compile(r"^ckpt-(\d{8})\.json$")
 
 
@@ -55,12 +56,16 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([arr.dtype.str, list(arr.shape)]) + arr.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
+    if isinstance(obj, int):  # beyond 64 bits, e.g. a PCG64 generator state
+        return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
     if isinstance(obj, tuple):
         return list(obj)
     raise LocalViolation(f"cannot checkpoint a {type(obj).__name__}")
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_BIGINT:
+        return int(data.decode())
     if code != _EXT_NDARRAY:
         raise DecodeError(f"unknown ext type {code}")
     unpacker = msgpack.Unpacker(raw=False)

@@ -174,44 +174,42 @@ def _select(prof: ModelProfile, cross: list[int], k: int,
     n = len(prof.nodes)
     if k <= 1 or n <= 1:
         return []
+    if k - 1 >= n - 1:
+        return list(range(1, n))
     cum = [0]
     for node in prof.nodes:
         cum.append(cum[-1] + node.flops)
     total = cum[-1] or 1
+    frac = [c / total for c in cum]
     targets = [j / k for j in range(1, k)]
-
-    def off(i: int) -> float:
-        frac = cum[i] / total
-        return min(abs(frac - t) for t in targets)
-
     candidates = range(1, n)
     if strategy == "cheapest":
         # Fewest bytes first. Among cuts of equal size (every block boundary of a
         # residual stack), take the one farthest in FLOPs from those already kept,
         # so ties spread evenly instead of bunching (and never make empty segments).
+        off = {i: min(abs(frac[i] - t) for t in targets) for i in candidates}
+        dist = {i: min(frac[i], 1.0 - frac[i]) for i in candidates}
         levels: dict[int, list[int]] = {}
         for i in candidates:
             levels.setdefault(cross[i], []).append(i)
-        chosen: list[float] = [0.0, 1.0]
         picked: list[int] = []
         for size in sorted(levels):
             group = levels[size]
             while group and len(picked) < k - 1:
-                best = max(group, key=lambda i: (min(abs(cum[i] / total - c) for c in chosen),
-                                                 -off(i), -i))
+                best = max(group, key=lambda i: (dist[i], -off[i], -i))
                 group.remove(best)
                 picked.append(best)
-                chosen.append(cum[best] / total)
+                for i in candidates:
+                    dist[i] = min(dist[i], abs(frac[i] - frac[best]))
             if len(picked) >= k - 1:
                 break
         return sorted(picked)
     if strategy == "balanced":
         chosen: set[int] = set()
         for t in targets:
-            window = [i for i in candidates if abs(cum[i] / total - t) <= 0.5 / k
-                      and i not in chosen]
+            window = [i for i in candidates if abs(frac[i] - t) <= 0.5 / k and i not in chosen]
             if window:
-                chosen.add(min(window, key=lambda i: (cross[i], abs(cum[i] / total - t), i)))
+                chosen.add(min(window, key=lambda i: (cross[i], abs(frac[i] - t), i)))
         return sorted(chosen)
     raise ModelError(f"unknown segment strategy {strategy!r}: use 'cheapest' or 'balanced'")
 

@@ -106,7 +106,8 @@ class Partitioner:
             part = self._extractor.extract_model(ins, outs)
         except (ValueError, KeyError) as exc:
             raise ModelError(f"cannot extract nodes [{start}, {end}): {exc}") from None
-        part.graph.name = f"{ga.name}.part{index}"
+        # Named by content, not list position, so the same nodes give the same sha256.
+        part.graph.name = f"{ga.name}[{start}:{end}]"
         onnx.helper.set_model_props(part, {"fogline.source": ga.name,
                                            "fogline.nodes": f"{start}:{end}"})
         data = part.SerializeToString(deterministic=True)

@@ -230,7 +230,7 @@ def profile_model(src: ModelSource) -> ModelProfile:
         if rule is None:
             if op not in unknown:
                 warnings.warn(
-                    f"unknown op {op} (node '{node.name or i}') counted as 0 FLOPs",
+                    f"unknown op {op} (node '{node.name or f'#{i}'}') counted as 0 FLOPs",
                     ProfileWarning, stacklevel=2,
                 )
             unknown[op] = None

@@ -94,6 +94,10 @@ class MosquittoBroker:
             "log_type error",
             "log_type warning",
         ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # mosquitto started as root drops to user 'mosquitto', which then
+            # cannot write persistence into (or read keys from) our data dir
+            lines.append("user root")
         if c.tls_dir is not None:
             tls = Path(c.tls_dir).resolve()
             lines += [

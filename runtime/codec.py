@@ -53,7 +53,8 @@ def encode(msg: Message) -> bytes:
             start = offset
             buffers.append(view)
             offset += arr.nbytes + _pad(arr.nbytes)
-            header = msgpack.packb([arr.dtype.str, list(arr.shape), start, arr.nbytes])
+            # obj.shape, not arr.shape: ascontiguousarray turns a 0-d array into shape (1,)
+            header = msgpack.packb([arr.dtype.str, list(obj.shape), start, arr.nbytes])
             return msgpack.ExtType(_EXT_ARRAY, header)
         raise LocalViolation(f"cannot encode {type(obj).__name__}")
 

@@ -30,28 +30,37 @@ def chunks(d: int, rows: int) -> Iterator[slice]:
 
 
 def centered_gram(
-    x: np.ndarray, extra: np.ndarray | None = None, center_row: int | None = None
+    x: np.ndarray, extra: np.ndarray | None = None, rows: np.ndarray | None = None,
+    center_row: int | None = None,
 ) -> np.ndarray:
-    """Gram matrix of the rows of ``[x; extra]`` after subtracting a common centre.
+    """Gram matrix of the rows of ``[x[rows]; extra]`` after subtracting a common centre.
 
-    The centre is the mean of the rows of ``x`` (or row ``center_row`` of ``x``).
+    The centre is (about) the mean of the rows of ``x[rows]``, or exactly row
+    ``center_row`` of them (then copies of that row give exact zeros); any centre
+    keeps distances exact in exact arithmetic, a central one keeps entries small.
     Distances between rows, and between affine combinations of rows, are invariant
     to it, while the Gram entries shrink to the spread of the updates: that is what
     keeps ||a||^2 + ||b||^2 - 2ab accurate when the updates are close.
     """
-    n, d = x.shape
+    d = x.shape[1]
+    n = x.shape[0] if rows is None else rows.size
     k = 0 if extra is None else extra.shape[0]
     m = n + k
     g = np.zeros((m, m))
     step = chunk_len(m)
     buf = np.empty((m, step))
+    avg = np.full(n, 1.0 / n, dtype=x.dtype)
     for s in range(0, d, step):
         e = min(d, s + step)
         b = buf[:, : e - s]
-        b[:n] = x[:, s:e]
+        xs = x[:, s:e] if rows is None else x[rows, s:e]
+        # The centre is computed in the input precision (a fast gemv); the float64
+        # difference of two float32 values is exact, so only centrality matters.
+        c = xs[center_row].astype(np.float64) if center_row is not None else (
+            (avg @ xs).astype(np.float64))
+        b[:n] = xs
         if extra is not None:
             b[n:] = extra[:, s:e]
-        c = b[center_row].copy() if center_row is not None else b[:n].mean(axis=0)
         b -= c
         g += b @ b.T
     if not np.isfinite(np.trace(g)):

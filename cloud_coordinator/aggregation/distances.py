@@ -5,7 +5,9 @@ when updates are close relative to their norms, that formula cancels
 catastrophically. Here the Gram matrix is taken of centred rows in float64, every
 pair whose conditioning (||a||^2 + ||b||^2) / d(a, b)^2 still exceeds
 ``KAPPA_MAX`` is recomputed directly, and if many pairs are ill-conditioned (one
-far outlier drags the mean away) the rows are re-centred on the medoid first.
+identical Byzantine copies; or one far outlier drags the mean away) each group of
+mutually ill-conditioned rows is re-centred on one of its members and its Gram
+recomputed; what is still ill-conditioned then is computed directly.
 """
 from __future__ import annotations
 
@@ -44,6 +46,42 @@ def _direct_pairs(x: np.ndarray, pairs: np.ndarray, dist: np.ndarray) -> None:
         raise NonFinite
 
 
+def _components(n: int, pairs: np.ndarray) -> list[np.ndarray]:
+    """Connected components (size >= 2) of the graph with the given edges."""
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for i, j in pairs:
+        parent[find(int(i))] = find(int(j))
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(i)
+    return [np.asarray(g) for g in groups.values() if len(g) > 1]
+
+
+def _dedupe(x: np.ndarray, comp: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
+    """Split rows into distinct representatives and exact copies (row -> its original).
+
+    Byzantine clients often send one vector many times; a bitwise comparison
+    settles those pairs (distance exactly 0) at the cost of one read per row.
+    """
+    reps: list[int] = []
+    alias: dict[int, int] = {}
+    for i in comp:
+        for r in reps:
+            if np.array_equal(x[i], x[r]):
+                alias[int(i)] = r
+                break
+        else:
+            reps.append(int(i))
+    return np.asarray(reps), alias
+
+
 def pairwise_sq_distances(updates: np.ndarray) -> np.ndarray:
     """(n, n) squared Euclidean distances, within 1e-6 relative of exact float64."""
     x = as_updates(updates)
@@ -51,13 +89,24 @@ def pairwise_sq_distances(updates: np.ndarray) -> np.ndarray:
     g = centered_gram(x)
     dist = gram_to_sqdist(g)
     bad = _ill_conditioned(g, dist)
-    if bad.sum() > 2 * n:
-        medoid = int(np.argmin(np.sqrt(dist).sum(axis=1)))
-        g = centered_gram(x, center_row=medoid)
-        dist = gram_to_sqdist(g)
-        bad = _ill_conditioned(g, dist)
     if bad.any():
-        _direct_pairs(x, np.argwhere(bad), dist)
+        for comp in _components(n, np.argwhere(bad)):
+            reps, alias = _dedupe(x, comp)
+            if reps.size > 1:
+                gc = centered_gram(x, rows=reps, center_row=0)
+                dc = gram_to_sqdist(gc)
+                dist[np.ix_(reps, reps)] = dc
+                still = np.argwhere(_ill_conditioned(gc, dc))
+                if still.size:
+                    _direct_pairs(x, reps[still], dist)
+            for i, r in alias.items():  # exact copies: same distances as their original
+                dist[i, :] = dist[r, :]
+                dist[:, i] = dist[:, r]
+            for i, r in alias.items():
+                dist[i, r] = dist[r, i] = 0.0
+                for j, q in alias.items():
+                    if q == r:
+                        dist[i, j] = 0.0
     return dist
 
 

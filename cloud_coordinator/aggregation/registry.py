@@ -29,16 +29,17 @@ __all__ = [
 
 RuleFn = Callable[..., AggregateResult]
 
-_RULES: dict[str, tuple[RuleFn, frozenset[str]]] = {
-    "mean": (_r.mean, frozenset()),
-    "median": (_r.coordinate_median, frozenset()),
-    "trimmed_mean": (_r.trimmed_mean, frozenset()),
-    "krum": (_r.krum, frozenset()),
-    "multi_krum": (_r.multi_krum, frozenset({"m"})),
-    "bulyan": (_r.bulyan, frozenset()),
-    "geometric_median": (_r.geometric_median, frozenset({"tol", "max_iter", "nu"})),
-    "centered_clipping": (_r.centered_clipping, frozenset({"tau", "iters"})),
+_OPTIONS: dict[str, frozenset[str]] = {
+    "mean": frozenset(),
+    "median": frozenset(),
+    "trimmed_mean": frozenset(),
+    "krum": frozenset(),
+    "multi_krum": frozenset({"m"}),
+    "bulyan": frozenset(),
+    "geometric_median": frozenset({"tol", "max_iter", "nu"}),
+    "centered_clipping": frozenset({"tau", "iters"}),
 }
+_RULES: dict[str, tuple[RuleFn, frozenset[str]]] = {k: (_r.CORES[k], v) for k, v in _OPTIONS.items()}
 _PRE_KW = {"nnm": frozenset(), "bucketing": frozenset({"bucket_size"}),
            "clip": frozenset({"clip_norm"})}
 
@@ -119,7 +120,9 @@ class Aggregator:
         kw = dict(self._kw)
         if self._rule == "centered_clipping":
             kw["state"] = self._state
-        res = fn(x, f=self.f, weights=w, **kw)
+            if kw.get("iters", 1) < 1 or (kw.get("tau") is not None and not kw["tau"] > 0):
+                raise AggregationError("centered_clipping: iters must be >= 1 and tau > 0")
+        res = fn(x, w, f=self.f, **kw)
         chosen = sorted({c for i in res.selected for c in groups[i]})
         rejected = {i: NOT_SELECTED for i in range(n) if i not in set(chosen)}
         return AggregateResult(res.update, tuple(chosen), rejected, res.state)

@@ -21,7 +21,7 @@ from ._validate import as_updates, as_weights, check_f, guarded
 from .distances import pairwise_sq_distances
 
 __all__ = [
-    "mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "bulyan",
+    "CORES", "mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "bulyan",
     "geometric_median", "centered_clipping", "krum_scores",
 ]
 
@@ -38,7 +38,6 @@ def _mean_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0) -> AggregateR
     return AggregateResult(combine(x, as_weights(w, x.shape[0])), _all(x.shape[0]))
 
 
-
 def mean(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
          reject_nonfinite: bool = False) -> AggregateResult:
     """Weighted mean (FedAvg); not robust, the baseline every rule is measured against."""
@@ -46,7 +45,8 @@ def mean(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
     return guarded(lambda x, w: _mean_core(x, w, f=f), x, weights, reject_nonfinite)
 
 
-def _coordinate_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0) -> AggregateResult:
+def _coordinate_median_core(x: np.ndarray, w: np.ndarray | None, *,
+                            f: int = 0) -> AggregateResult:
     """Core of ``coordinate_median`` (raises NonFinite; the guard handles it)."""
     n, d = x.shape
     check_f("median", n, f, 2 * f + 1)
@@ -58,7 +58,6 @@ def _coordinate_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0) 
             out[sl] += a[:, hi]
             out[sl] *= 0.5
     return AggregateResult(out, _all(n))
-
 
 
 def coordinate_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
@@ -78,7 +77,6 @@ def _trimmed_mean_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> Aggreg
         out[sl] = a[:, f: n - f].sum(axis=1, dtype=np.float64)
     out /= keep
     return AggregateResult(out, _all(n))
-
 
 
 def trimmed_mean(updates: np.ndarray, *, f: int, weights: np.ndarray | None = None,
@@ -109,8 +107,9 @@ def _rejected(n: int, selected: tuple[int, ...], reason: str) -> dict[int, str]:
     return {i: reason for i in range(n) if i not in chosen}
 
 
-def _krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResult:
-    """Core of ``krum`` (raises NonFinite; the guard handles it)."""
+def _multi_krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int,
+                     m: int | None = None) -> AggregateResult:
+    """Core of ``multi_krum`` (raises NonFinite; the guard handles it)."""
     n = x.shape[0]
     check_f("krum", n, f, 2 * f + 3)
     mm = n - f if m is None else m
@@ -129,16 +128,22 @@ def _krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResul
     return AggregateResult(out, sel, _rejected(n, sel, NOT_SELECTED))
 
 
-
 def krum(updates: np.ndarray, *, f: int, weights: np.ndarray | None = None,
          reject_nonfinite: bool = False) -> AggregateResult:
     """Krum (Blanchard et al. 2017): the update with the lowest score; needs n >= 2f + 3."""
-    x = as_updates(updates)
     return multi_krum(updates, f=f, m=1, weights=weights, reject_nonfinite=reject_nonfinite)
+
+
+def _krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResult:
+    """Core of ``krum``."""
+    return _multi_krum_core(x, w, f=f, m=1)
+
+
 def multi_krum(updates: np.ndarray, *, f: int, m: int | None = None,
                weights: np.ndarray | None = None, reject_nonfinite: bool = False) -> AggregateResult:
     """Multi-Krum: weighted mean of the m lowest-scoring updates (default m = n - f)."""
-    return guarded(lambda x, w: _krum_core(x, w, f=f), x, weights, reject_nonfinite)
+    x = as_updates(updates)
+    return guarded(lambda x, w: _multi_krum_core(x, w, f=f, m=m), x, weights, reject_nonfinite)
 
 
 def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResult:
@@ -158,22 +163,21 @@ def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateRes
     rows = np.asarray(sorted(picked))
     out = np.empty(d)
     lo, hi = (theta - 1) // 2, theta // 2
+    two_f = 2 * f
+    windows = np.zeros((theta, two_f + 1))
+    for s0 in range(two_f + 1):
+        windows[s0: s0 + beta, s0] = 1.0
     for sl, a in sorted_chunks(x, rows):
-        med = 0.5 * (a[:, lo].astype(np.float64) + a[:, hi])
-        csum = np.zeros((a.shape[0], theta + 1))
-        np.cumsum(a, axis=1, dtype=np.float64, out=csum[:, 1:])
-        best_cost = np.full(a.shape[0], np.inf)
-        start = np.zeros(a.shape[0], dtype=np.intp)
-        for s in range(2 * f + 1):
-            cost = np.maximum(med - a[:, s], a[:, s + beta - 1] - med)
-            better = cost < best_cost
-            best_cost[better] = cost[better]
-            start[better] = s
-        r = np.arange(a.shape[0])
-        out[sl] = (csum[r, start + beta] - csum[r, start]) / beta
+        med2 = a[:, lo] + a[:, hi]  # twice the median (input precision: picks a window)
+        # The window slides up while the value just above it is closer to the
+        # median than its lowest value; that test is monotone in the start s, so
+        # the start is the number of s in [0, 2f) where it holds.
+        start = (a[:, :two_f] + a[:, beta: beta + two_f] < med2[:, None]).sum(axis=1)
+        sums = a.astype(np.float64) @ windows  # every candidate window's sum, one gemm
+        out[sl] = np.take_along_axis(sums, start[:, None], axis=1)[:, 0]
+    out /= beta
     sel = tuple(int(i) for i in rows)
     return AggregateResult(out, sel, _rejected(n, sel, NOT_SELECTED))
-
 
 
 def bulyan(updates: np.ndarray, *, f: int, weights: np.ndarray | None = None,
@@ -183,8 +187,8 @@ def bulyan(updates: np.ndarray, *, f: int, weights: np.ndarray | None = None,
     Stage 1 picks theta = n - 2f updates by iterated Krum, each time over the
     updates not yet picked. Stage 2 returns, per coordinate, the mean of the
     beta = theta - 2f picked values closest to their median. Those values form a
-    window of beta consecutive sorted values, so stage 2 is one sort per chunk and
-    a scan over the 2f + 1 possible windows.
+    window of beta consecutive sorted values, so stage 2 is one sort per chunk, a
+    vectorised count that finds the window, and one small gemm for the sums.
     """
     x = as_updates(updates)
     return guarded(lambda x, w: _bulyan_core(x, w, f=f), x, weights, reject_nonfinite)
@@ -197,7 +201,8 @@ def _affine_sqdist(g: np.ndarray, alpha: np.ndarray, rows: int) -> np.ndarray:
     return np.maximum(val, 0.0)
 
 
-def _geometric_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, tol: float = 1e-7, max_iter: int = 200, nu: float = 1e-9) -> AggregateResult:
+def _geometric_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, tol: float = 1e-7,
+                           max_iter: int = 200, nu: float = 1e-9) -> AggregateResult:
     """Core of ``geometric_median`` (raises NonFinite; the guard handles it)."""
     n = x.shape[0]
     check_f("geometric_median", n, f, 2 * f + 1)
@@ -218,7 +223,6 @@ def _geometric_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, t
     return AggregateResult(combine(x, alpha), _all(n))
 
 
-
 def geometric_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
                      tol: float = 1e-7, max_iter: int = 200, nu: float = 1e-9,
                      reject_nonfinite: bool = False) -> AggregateResult:
@@ -229,10 +233,13 @@ def geometric_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | N
     less than ``tol`` times the updates' RMS spread.
     """
     x = as_updates(updates)
-    return guarded(lambda x, w: _geometric_median_core(x, w, f=f, tol=tol, max_iter=max_iter, nu=nu), x, weights, reject_nonfinite)
+    return guarded(lambda x, w: _geometric_median_core(x, w, f=f, tol=tol, max_iter=max_iter, nu=nu),
+                   x, weights, reject_nonfinite)
 
 
-def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, state: Mapping[str, Any] | None = None, tau: float | None = None, iters: int = 3) -> AggregateResult:
+def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
+                            state: Mapping[str, Any] | None = None, tau: float | None = None,
+                            iters: int = 3) -> AggregateResult:
     """Core of ``centered_clipping`` (raises NonFinite; the guard handles it)."""
     n, d = x.shape
     check_f("centered_clipping", n, f, 2 * f + 1)
@@ -261,7 +268,6 @@ def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, 
     return AggregateResult(out, _all(n), state={"v": out.copy()})
 
 
-
 def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
                       state: Mapping[str, Any] | None = None, tau: float | None = None,
                       iters: int = 3, reject_nonfinite: bool = False) -> AggregateResult:
@@ -278,4 +284,18 @@ def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | 
         raise AggregationError(f"centered_clipping: iters must be >= 1, got {iters}")
     if tau is not None and not (np.isfinite(tau) and tau > 0):
         raise AggregationError(f"centered_clipping: tau must be positive, got {tau}")
-    return guarded(lambda x, w: _centered_clipping_core(x, w, f=f, state=state, Any] | None = None=Any] | None = None, tau=tau, iters=iters), x, weights, reject_nonfinite)
+    return guarded(lambda x, w: _centered_clipping_core(x, w, f=f, state=state, tau=tau, iters=iters), x, weights, reject_nonfinite)
+
+
+# Unguarded cores by registry name: the registry's own guard sees NonFinite from
+# pre-aggregation and the rule alike, so it can drop those clients and rerun.
+CORES = {
+    "mean": _mean_core,
+    "median": _coordinate_median_core,
+    "trimmed_mean": _trimmed_mean_core,
+    "krum": _krum_core,
+    "multi_krum": _multi_krum_core,
+    "bulyan": _bulyan_core,
+    "geometric_median": _geometric_median_core,
+    "centered_clipping": _centered_clipping_core,
+}

@@ -1,0 +1,26 @@
+"""Pure placement core of the fog broker: fleet snapshot + workloads + what runs -> plan.
+
+No I/O, no clock, no randomness: the broker service, the ``fogline place`` command,
+tests and simulations all call ``schedule`` on plain data.
+"""
+from __future__ import annotations
+
+from .chain import ChainSolution, DeviceTable, solve_chain
+from .cost import ChainCost, chain_cost
+from .metrics import site_metrics
+from .model import (
+    Battery, ChainProfile, Device, Fleet, PartitionPlacement, Plan, PlanMetrics, Quota,
+    ReplicaPlacement, Segment, SpecError, Taint, Toleration, Workload, WorkloadPlacement,
+    WorkloadResult, parse_workloads,
+)
+from .plugins import Code, Status
+from .scheduler import SchedulerConfig, schedule
+from .validate import validate_plan
+
+__all__ = [
+    "schedule", "SchedulerConfig", "Fleet", "Device", "Battery", "Taint", "Toleration",
+    "Workload", "ChainProfile", "Segment", "Quota", "Plan", "PlanMetrics", "WorkloadResult",
+    "WorkloadPlacement", "ReplicaPlacement", "PartitionPlacement", "SpecError",
+    "parse_workloads", "chain_cost", "ChainCost", "solve_chain", "ChainSolution", "DeviceTable",
+    "site_metrics", "validate_plan", "Code", "Status",
+]

@@ -248,6 +248,8 @@ class Fleet:
 
     devices: tuple[Device, ...]
     index: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    #: Derived data of this immutable snapshot (e.g. numpy columns), built on first use.
+    cache: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         idx: dict[str, int] = {}

@@ -1,0 +1,204 @@
+"""Aggregation rules vs Flower's on the same data: time, peak memory, distance exactness.
+
+    python -m benchmarks.aggregation_bench [--quick]
+
+Prints JSON on stdout and writes out/bench/aggregation.json. BLAS and OpenMP are
+pinned to one thread (environment variables set before numpy is imported, plus
+threadpoolctl when it is installed), so both sides run single-threaded. Timings
+are the best of ``--repeat`` runs; peak extra memory is tracemalloc's peak
+(numpy reports its buffers to tracemalloc) in a separate, untimed run.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+             "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from cloud_coordinator import aggregation as agg  # noqa: E402
+
+OUT = Path("out/bench/aggregation.json")
+
+
+def _thread_limit() -> tuple[contextlib.AbstractContextManager[Any], str]:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext(), "env vars (OPENBLAS/OMP/MKL_NUM_THREADS=1)"
+    return threadpool_limits(limits=1), "env vars + threadpoolctl.threadpool_limits(1)"
+
+
+def make_updates(n: int, d: int, f: int, seed: int = 0) -> np.ndarray:
+    """Late-training-like updates: a shared direction, small client noise, f outliers."""
+    rng = np.random.default_rng(seed)
+    x = np.empty((n, d), dtype=np.float32)
+    g = rng.standard_normal(d, dtype=np.float32) * np.float32(1e-3)
+    for i in range(n):
+        x[i] = g + rng.standard_normal(d, dtype=np.float32) * np.float32(2e-4)
+    x[n - f:] = -4.0 * g  # sign-flipped, scaled Byzantine rows
+    return x
+
+
+def _best(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _peak(fn: Callable[[], object]) -> int:
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def flower_baselines(x: np.ndarray, f: int, m: int) -> dict[str, Callable[[], object]]:
+    """Flower 1.41's own aggregation code paths on the same rows (records built untimed)."""
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+    from flwr.server.strategy.aggregate import aggregate_median
+    from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
+    from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+    from flwr.serverapp.strategy.multikrum import select_multikrum
+    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    n = x.shape[0]
+    contents = [RecordDict({"arrays": ArrayRecord([x[i]]),
+                            "metrics": MetricRecord({"num-examples": 1})}) for i in range(n)]
+    layers = [[x[i]] for i in range(n)]
+    theta = n - 2 * f
+    beta = theta - 2 * f
+
+    def krum() -> object:
+        return aggregate_arrayrecords(select_multikrum(contents, f, 1), "num-examples")
+
+    def multi_krum() -> object:
+        return aggregate_arrayrecords(select_multikrum(contents, f, m), "num-examples")
+
+    def median() -> object:  # FedMedian: np.median over the stacked layer
+        return aggregate_median([(ls, 1) for ls in layers])
+
+    def trimmed() -> object:  # FedTrimmedAvg(beta=f/n)
+        return trim_mean(np.stack([ls[0] for ls in layers]), f / n)
+
+    def mean() -> object:  # FedAvg
+        return aggregate_arrayrecords(contents, "num-examples")
+
+    def bulyan() -> object:  # serverapp Bulyan.aggregate_train's arithmetic
+        sel = select_multikrum(contents, f, theta)
+        nds = [rd["arrays"].to_numpy_ndarrays() for rd in sel]  # type: ignore[union-attr]
+        med = [np.median(arr, axis=0) for arr in zip(*nds, strict=True)]
+        return aggregate_n_closest_weights(med, nds, beta)
+
+    return {"mean": mean, "median": median, "trimmed_mean": trimmed, "krum": krum,
+            "multi_krum": multi_krum, "bulyan": bulyan}
+
+
+def ours(x: np.ndarray, f: int, m: int) -> dict[str, Callable[[], object]]:
+    """Fogline's rules, called the way the coordinator calls them (Aggregator objects)."""
+    names = {"mean": {}, "median": {}, "trimmed_mean": {}, "krum": {}, "multi_krum": {"m": m},
+             "bulyan": {}, "geometric_median": {}, "centered_clipping": {},
+             "nnm+trimmed_mean": {}, agg.DEFAULT_RULE: {}}
+    return {k: (lambda a=agg.get_rule(k, f, **kw): a.aggregate(x)) for k, kw in names.items()}
+
+
+def distance_exactness(n: int, d: int, seed: int = 1) -> dict[str, float]:
+    """Max relative error of pairwise distances vs direct float64, late in training.
+
+    Global weights of norm ~1 per coordinate, client updates ~1e-4: Flower gets raw
+    weights (its API) and computes ||a||^2 + ||b||^2 - 2ab in float32; Fogline gets
+    updates. Both are compared with the direct float64 distance of the same rows.
+    """
+    from flwr.app import ArrayRecord
+    from flwr.serverapp.strategy.multikrum import compute_distances
+
+    rng = np.random.default_rng(seed)
+    glob = rng.standard_normal(d).astype(np.float32)
+    upd = (rng.standard_normal((n, d)) * 1e-4).astype(np.float32)
+    weights = glob + upd
+    exact_w = agg.direct_sq_distances(weights)
+    exact_u = agg.direct_sq_distances(upd)
+    iu = np.triu_indices(n, 1)
+    fl = compute_distances([ArrayRecord([weights[i]]) for i in range(n)])
+    ours_d = agg.pairwise_sq_distances(upd)
+    return {
+        "flower_max_rel_err": float(np.max(np.abs(fl[iu] - exact_w[iu]) / exact_w[iu])),
+        "flower_negative_distances": int(np.sum(fl[iu] < 0)),
+        "fogline_max_rel_err": float(np.max(np.abs(ours_d[iu] - exact_u[iu]) / exact_u[iu])),
+    }
+
+
+def run(quick: bool, repeat: int) -> dict[str, Any]:
+    n, f, m = 50, 10, 30
+    d = 100_000 if quick else 1_000_000
+    x = make_updates(n, d, f)
+    limit, pin = _thread_limit()
+    with limit:
+        fl = flower_baselines(x, f, m)
+        mine = ours(x, f, m)
+        read_once = _best(lambda: x.sum(axis=0, dtype=np.float64), repeat)
+        rows = []
+        for name, fn in mine.items():
+            t = _best(fn, repeat)
+            peak = _peak(fn)
+            row: dict[str, Any] = {"rule": name, "fogline_s": round(t, 4),
+                                   "peak_extra_bytes": peak,
+                                   "peak_extra_x_input": round(peak / x.nbytes, 3)}
+            if name in fl:
+                tf = _best(fl[name], repeat)
+                row.update(flower_s=round(tf, 4), speedup=round(tf / t, 2),
+                           flower_peak_extra_x_input=round(_peak(fl[name]) / x.nbytes, 3))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        exact = distance_exactness(20, 20_000 if quick else 200_000)
+    return {
+        "benchmark": "aggregation", "quick": quick, "n": n, "d": d, "f": f, "multi_krum_m": m,
+        "dtype": "float32", "input_bytes": int(x.nbytes), "threads": pin,
+        "one_read_of_data_s": round(read_once, 4), "repeat": repeat,
+        "numpy": np.__version__, "python": platform.python_version(),
+        "flower": _flower_version(), "rules": rows, "distance_exactness": exact,
+    }
+
+
+def _flower_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("flwr")
+    except Exception:  # noqa: BLE001 - version is informative only
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; JSON to stdout and out/bench/aggregation.json."""
+    ap = argparse.ArgumentParser(prog="fogline bench aggregation", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="d=100,000 instead of 1,000,000")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    result = run(args.quick, args.repeat)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

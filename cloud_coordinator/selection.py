@@ -1,0 +1,114 @@
+"""Energy-aware client selection from fog brokers' fleet summaries (pure).
+
+Only devices that can afford a round train: alive, battery above a floor or
+charging, not thermally throttled, not on a metered link, and (optionally)
+judged fit by their fog broker. Every device gets a reason, selected or not,
+as a fixed phrase so reasons can be counted ("3 battery below floor").
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from runtime.errors import LocalViolation
+from runtime.messages import DeviceSummary, FleetSummary
+
+__all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "SELECTED", "REASONS"]
+
+SELECTED = "selected"
+DEAD = "not alive"
+STALE = "stale summary"
+LOW_BATTERY = "battery below floor"
+THROTTLED = "throttled"
+METERED = "metered link"
+FOG_UNFIT = "fog says unfit"
+SAMPLED_OUT = "sampled out"
+REASONS = (SELECTED, DEAD, STALE, LOW_BATTERY, THROTTLED, METERED, FOG_UNFIT, SAMPLED_OUT)
+
+
+class Sampler(Protocol):
+    def sample(self, population: list[str], k: int) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionPolicy:
+    """Thresholds of fitness; ``max_clients`` caps a round (sampled with the given rng)."""
+
+    battery_floor: float = 0.3
+    allow_metered: bool = False
+    allow_throttled: bool = False
+    trust_fog_verdict: bool = False
+    max_age_s: float = 60.0
+    max_clients: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.battery_floor <= 1.0:
+            raise LocalViolation("battery_floor must be in [0, 1]")
+        if self.max_clients is not None and self.max_clients < 1:
+            raise LocalViolation("max_clients must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Chosen device ids (sorted), a reason for every device, and known Flower node ids."""
+
+    selected: tuple[str, ...]
+    reasons: Mapping[str, str]
+    node_ids: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> frozenset[int]:
+        return frozenset(self.node_ids[d] for d in self.selected if d in self.node_ids)
+
+
+def _verdict(d: DeviceSummary, policy: SelectionPolicy) -> str:
+    if not d.alive:
+        return DEAD
+    if d.throttled and not policy.allow_throttled:
+        return THROTTLED
+    if d.metered and not policy.allow_metered:
+        return METERED
+    if d.battery_level is not None and not d.charging and d.battery_level < policy.battery_floor:
+        return LOW_BATTERY
+    if policy.trust_fog_verdict and not d.fit_for_training:
+        return FOG_UNFIT
+    return SELECTED
+
+
+def select_clients(summaries: Iterable[FleetSummary], now: float, policy: SelectionPolicy,
+                   rng: Sampler) -> Selection:
+    """Pick the devices fit to train; ``now`` and summary timestamps share one clock.
+
+    A device reported by several fog brokers counts once, from the newest summary.
+    """
+    newest: dict[str, tuple[float, DeviceSummary]] = {}
+    for s in summaries:
+        for d in s.devices:
+            if d.device_id not in newest or s.timestamp > newest[d.device_id][0]:
+                newest[d.device_id] = (s.timestamp, d)
+    reasons: dict[str, str] = {}
+    node_ids: dict[str, int] = {}
+    for dev, (ts, d) in sorted(newest.items()):
+        reasons[dev] = STALE if now - ts > policy.max_age_s else _verdict(d, policy)
+        if d.flwr_node_id is not None:
+            node_ids[dev] = d.flwr_node_id
+    fit = sorted(dev for dev, why in reasons.items() if why == SELECTED)
+    if policy.max_clients is not None and len(fit) > policy.max_clients:
+        keep = set(rng.sample(fit, policy.max_clients))
+        for dev in fit:
+            if dev not in keep:
+                reasons[dev] = SAMPLED_OUT
+        fit = sorted(keep)
+    return Selection(tuple(fit), reasons, node_ids)
+
+
+def explain(sel: Selection) -> str:
+    """'2/5 devices selected: 2 battery below floor, 1 metered link' (counts, no ids)."""
+    counts = Counter(why for why in sel.reasons.values() if why != SELECTED)
+    tail = ", ".join(f"{n} {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    head = f"{len(sel.selected)}/{len(sel.reasons)} devices selected"
+    return f"{head}: {tail}" if tail else head
+
+

@@ -1,0 +1,465 @@
+"""The agent shell: MQTT wiring, connect epochs, fog STATE, signed commands, adverts.
+
+Threads: paho's network thread (enqueues only), the MqttClient worker
+(decodes activations and hands them to the executor; forwards everything
+else), the agent loop (sole owner of the advertiser, the verifier, the
+cache and the epoch: it handles control messages and probes on a timer),
+and the executor's workers (started on the first deploy).
+
+Epochs: each MQTT connection has its own connect epoch (persisted in the
+data dir, Sparkplug's bdSeq). The Will carries it, so the fog broker can
+ignore a late Will of an older connection. paho reconnects by itself with
+the Will it holds, so right after each connect the agent installs the Will
+for the *next* connection (epoch + 1), and adopts that epoch when the
+reconnect happens.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtime import codec
+from runtime.errors import DecodeError, RemoteViolation
+from runtime.messages import (Activation, CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message,
+                              Rebirth, Taint, Undeploy)
+from runtime.mqtt import Inbound, MqttClient, Will
+from runtime.security import Identity, Signer, TrustStore, Verifier
+from runtime.topics import ACK, ACT, BIRTH, CMD, DEATH, STATE, Topics
+
+from .acks import watcher
+from .advertiser import AdvertPolicy, Advertiser, Snapshot, build_birth
+from .cache import ArtifactCache
+from .commands import LOAD_FAILED, check_deploy
+from .executor import Executor, LoadError
+from .readings import Capabilities, Reading
+from .stats import LinkEstimator
+
+__all__ = ["AgentConfig", "Agent", "Probe", "Phase", "KEY_FILE", "load_identity"]
+
+log = logging.getLogger(__name__)
+
+KEY_FILE = "agent.key"
+EPOCH_FILE = "epoch"
+FOG_KEY_FILE = "fog.pub"
+STATUS_FILE = "status.json"
+MiB = 1024 * 1024
+
+
+class Probe(Protocol):
+    def capabilities(self) -> Capabilities: ...
+
+    def read(self, now: float, busy_s: float = 0.0) -> Reading: ...
+
+
+class Phase(enum.Enum):
+    CONNECTING = "connecting"
+    WAIT_FOG = "waiting for fog"
+    ONLINE = "online"
+    STOPPED = "stopped"
+
+
+@dataclass
+class AgentConfig:
+    device_id: str
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 1883
+    site: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    state_interval_s: float = 10.0
+    probe_interval_s: float = 1.0
+    keepalive: int = 5
+    fog_key: bytes | None = None
+    intra_op_threads: int = 0  # 0: onnxruntime decides
+    workers: int = 1
+    queue_size: int = 64
+    cache_bytes: int = 256 * MiB
+    max_command_bytes: int = 16 * MiB
+    max_artifact_bytes: int = 16 * MiB
+    slowdown: float = 1.0  # simulated devices: stretch measured compute
+    status_file: bool = True
+
+
+def load_identity(data_dir: Path, name: str) -> Identity:
+    """The device key in ``data_dir`` (created, mode 600, on first use)."""
+    return Identity.load_or_create(name, Path(data_dir) / KEY_FILE)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, probe: Probe) -> None:
+        self.cfg = cfg
+        self.probe = probe
+        self.data_dir = Path(cfg.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.device_id = cfg.device_id
+        self.identity = load_identity(self.data_dir, cfg.device_id)
+        self.topics = Topics(cfg.site)
+        self.link = LinkEstimator()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._count_lock = threading.Lock()
+        self.fog_key = cfg.fog_key if cfg.fog_key is not None else self._load_pinned_fog_key()
+        self.trust = TrustStore()
+        self.verifier = Verifier(self.trust, max_size=cfg.max_command_bytes)
+        self.cache = ArtifactCache(self.data_dir / "artifacts", cfg.cache_bytes)
+        self.executor = Executor(cfg.device_id, self.topics, self._publish_data,
+                                 intra_op_threads=cfg.intra_op_threads, workers=cfg.workers,
+                                 queue_size=cfg.queue_size, slowdown=cfg.slowdown)
+        if hasattr(probe, "reserved"):
+            probe.reserved = self.executor.reserved_memory  # simulated memory accounting
+        self.advertiser = Advertiser(cfg.device_id, AdvertPolicy(cfg.state_interval_s))
+        self.caps = probe.capabilities()
+        self.phase = Phase.CONNECTING
+        self.epoch = self._bump_epoch()
+        self._next_epoch: int | None = None
+        self._connections = 0
+        self.signer = Signer(self.identity, self.epoch)
+        self.fog_id: str | None = None
+        self.fog_epoch: int | None = None
+        self.births = 0
+        self.states = 0
+        self._last_status = ""
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.client = MqttClient(cfg.device_id, cfg.host, cfg.port, keepalive=cfg.keepalive,
+                                 will=self._will(self.epoch), max_payload=max(cfg.max_command_bytes + 1024,
+                                                                              16 * MiB))
+        t = self.topics
+        self.client.subscribe(t.fog_state(), self._enqueue)
+        self.client.subscribe(t.rebirth(), self._enqueue)
+        self.client.subscribe(t.device(cfg.device_id, CMD), self._enqueue)
+        self.client.subscribe(t.device(cfg.device_id, ACT), self._on_activation)
+        self.client.on_connected.append(lambda: self._inbox.put(("connected", None)))
+        self._thread = threading.Thread(target=self._loop, name=f"agent-{cfg.device_id}", daemon=True)
+        self._stopped = threading.Event()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> "Agent":
+        self._thread.start()
+        self.client.start()
+        return self
+
+    def stop(self, *, crash: bool = False, timeout: float = 2.0) -> None:
+        """Stop; ``crash=True`` drops the socket so the broker publishes the Will."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._inbox.put(("stop", None))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=timeout)
+        if not crash and self.client.connected:
+            # an orderly disconnect suppresses the Will, so say DEATH ourselves (Sparkplug does)
+            handle = self.client.publish(self.topics.device(self.device_id, DEATH),
+                                         codec.encode(DeviceDeath(self.device_id, self.epoch)), qos=1)
+            handle.wait(min(timeout, 1.0))
+        self.client.stop(disconnect=not crash)
+        self.executor.stop()
+        self.phase = Phase.STOPPED
+        self._write_status(force=True)
+
+    def wait_online(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.phase is Phase.ONLINE:
+                return True
+            time.sleep(0.01)
+        return self.phase is Phase.ONLINE
+
+    # ------------------------------------------------------------ persisted state
+
+    def _bump_epoch(self) -> int:
+        path = self.data_dir / EPOCH_FILE
+        try:
+            last = int(path.read_text().strip())
+        except (OSError, ValueError):
+            last = 0
+        epoch = last + 1
+        _write_atomic(path, f"{epoch}\n")
+        return epoch
+
+    def _load_pinned_fog_key(self) -> bytes | None:
+        try:
+            key = bytes.fromhex((self.data_dir / FOG_KEY_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return key if len(key) == 32 else None
+
+    def _will(self, epoch: int) -> Will:
+        return Will(self.topics.device(self.device_id, DEATH),
+                    codec.encode(DeviceDeath(self.device_id, epoch)), qos=1)
+
+    # ------------------------------------------------------------ MQTT worker thread
+
+    def _enqueue(self, m: Inbound) -> None:
+        self._inbox.put(("msg", m))
+
+    def _on_activation(self, m: Inbound) -> None:
+        try:
+            msg = codec.decode(m.payload)
+        except DecodeError as exc:
+            self._count("malformed activation")
+            log.warning("%s: malformed activation: %s", self.device_id, exc)
+            return
+        if not isinstance(msg, Activation):
+            self._count("unexpected message on ACT")
+            return
+        self.executor.submit(msg)
+
+    def _count(self, what: str) -> None:
+        with self._count_lock:
+            self.counters[what] += 1
+
+    # ------------------------------------------------------------ agent loop
+
+    def _loop(self) -> None:
+        next_probe = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wake = min(next_probe, self.advertiser.next_due(now)) if self.phase is Phase.ONLINE else next_probe
+            try:
+                kind, value = self._inbox.get(timeout=max(0.0, wake - now))
+            except queue.Empty:
+                kind, value = "tick", None
+            if kind == "stop":
+                return
+            now = time.monotonic()
+            try:
+                if kind == "connected":
+                    self._on_connected()
+                elif kind == "msg":
+                    self._dispatch(value, now)
+                if now >= next_probe or now >= self.advertiser.next_due(now):
+                    next_probe = now + self.cfg.probe_interval_s
+                    self._observe(now)
+            except Exception:  # noqa: BLE001 - the loop must survive any single bad message
+                self._count("handler error")
+                log.exception("%s: agent loop error on %s", self.device_id, kind)
+
+    def _on_connected(self) -> None:
+        if self._connections and self._next_epoch is not None:
+            self.epoch = self._next_epoch  # the Will installed after the previous connect
+            self.signer = Signer(self.identity, self.epoch)
+        self._connections += 1
+        self._next_epoch = self._bump_epoch()
+        self.client.set_will(self._will(self._next_epoch))
+        self.phase = Phase.WAIT_FOG
+        log.info("%s: connected (epoch %d); waiting for the fog STATE", self.device_id, self.epoch)
+
+    def _dispatch(self, m: Inbound, now: float) -> None:
+        t = self.topics
+        if m.topic == t.fog_state():
+            self._on_fog_state(m, now)
+        elif m.topic == t.rebirth() or m.topic == t.device(self.device_id, CMD):
+            msg = self._open(m.payload)
+            if msg is not None:
+                self._on_command(msg, now, m.topic == t.rebirth())
+
+    def _on_fog_state(self, m: Inbound, now: float) -> None:
+        try:
+            fs = codec.decode(m.payload)
+        except DecodeError as exc:
+            self._count("malformed fog state")
+            log.warning("%s: malformed fog STATE: %s", self.device_id, exc)
+            return
+        if not isinstance(fs, FogState) or fs.site != self.cfg.site:
+            self._count("malformed fog state")
+            return
+        if not fs.online:
+            if self.phase is Phase.ONLINE:
+                log.info("%s: fog %s went offline", self.device_id, fs.fog_id)
+                self.phase = Phase.WAIT_FOG
+            return
+        if self.fog_key is None:
+            if len(fs.public_key) != 32:
+                self._count("fog state without key")
+                log.warning("%s: fog STATE carries no public key and none is pinned (--fog-key)",
+                            self.device_id)
+                return
+            self.fog_key = fs.public_key  # trust on first use, then pinned
+            _write_atomic(self.data_dir / FOG_KEY_FILE, fs.public_key.hex() + "\n")
+            log.info("%s: pinned fog key of %s", self.device_id, fs.fog_id)
+        elif fs.public_key and fs.public_key != self.fog_key:
+            self._count("fog key mismatch")
+            log.error("%s: fog %s presents a key that differs from the pinned one; ignoring it",
+                      self.device_id, fs.fog_id)
+            return
+        if fs.fog_id not in self.trust:
+            self.trust.enroll(fs.fog_id, self.fog_key)
+        self.fog_id = fs.fog_id
+        if self.phase is not Phase.ONLINE or fs.epoch != self.fog_epoch:
+            self.fog_epoch = fs.epoch
+            self._birth(now)
+
+    def _open(self, payload: bytes) -> Message | None:
+        """Verify a signed command envelope against the pinned fog key; count and drop failures."""
+        if self.fog_key is not None and len(payload) <= self.cfg.max_command_bytes:
+            try:  # the fog's key is pinned; its signing name is whatever its envelopes say
+                env = codec.decode(payload, max_size=self.cfg.max_command_bytes)
+                if isinstance(env, Envelope) and env.sender not in self.trust:
+                    self.trust.enroll(env.sender, self.fog_key)
+            except (DecodeError, RemoteViolation):
+                pass  # the verifier counts it as malformed
+        try:
+            _, msg = self.verifier.open(payload, time.time())
+        except RemoteViolation as exc:
+            reason = getattr(exc, "reason", "malformed")
+            self._count(f"rejected: {reason}")
+            log.warning("%s: command rejected: %s", self.device_id, exc)
+            return None
+        return msg
+
+    def _on_command(self, msg: Message, now: float, broadcast: bool) -> None:
+        if isinstance(msg, Rebirth):
+            if msg.device_id in ("", self.device_id):
+                self._count("rebirth")
+                if self.phase is not Phase.CONNECTING and self.fog_id is not None:
+                    self._birth(now)
+            return
+        if broadcast:
+            self._count("unexpected broadcast command")
+            return
+        if isinstance(msg, Deploy):
+            self._deploy(msg, now)
+        elif isinstance(msg, Undeploy):
+            self._undeploy(msg, now)
+        else:
+            self._count("unexpected command")
+            log.warning("%s: unexpected command %s", self.device_id, msg.KIND)
+
+    # ------------------------------------------------------------ commands
+
+    def free_for_partitions(self, reading: Reading) -> int:
+        return max(0, min(reading.free_memory_bytes, self.caps.memory_bytes - self.executor.reserved_memory()))
+
+    def _deploy(self, d: Deploy, now: float) -> None:
+        key = (d.workload, d.version, d.replica, d.index)
+        existing = self.executor.get(key)
+        if existing is not None and existing.sha256 == d.sha256:
+            self._ack(d.command_id, True, "already running")
+            return
+        artifact = d.artifact or self.cache.get(d.sha256)
+        free = self.free_for_partitions(self.probe.read(now, self.executor.busy_s))
+        if existing is not None:
+            free += existing.memory_bytes
+        verdict = check_deploy(d, artifact, fog_key=self.fog_key, free_memory_bytes=free,
+                               max_artifact_bytes=self.cfg.max_artifact_bytes)
+        if not verdict.ok or artifact is None:
+            self._count(f"nack: {verdict.reason}")
+            log.warning("%s: deploy %s refused: %s", self.device_id, d.command_id, verdict.message)
+            self._ack(d.command_id, False, verdict.message)
+            return
+        if not self.cache.put(d.sha256, artifact):
+            log.warning("%s: artifact %s not cached (cache full of running partitions)", self.device_id,
+                        d.sha256[:12])
+        try:
+            self.executor.load(key, d.sha256, artifact, d.memory_bytes)
+        except LoadError as exc:
+            self._count(f"nack: {LOAD_FAILED}")
+            self._ack(d.command_id, False, f"{LOAD_FAILED}: {exc}")
+            return
+        self.cache.pin(d.sha256)
+        if existing is not None:
+            self.cache.unpin(existing.sha256)
+        self._count("deployed")
+        log.info("%s: running %s v%d r%d #%d", self.device_id, *key)
+        self._ack(d.command_id, True)
+        self._observe(now)
+
+    def _undeploy(self, u: Undeploy, now: float) -> None:
+        part = self.executor.unload((u.workload, u.version, u.replica, u.index))
+        if part is not None:
+            self.cache.unpin(part.sha256)
+            self._count("undeployed")
+        self._ack(u.command_id, True, "" if part is not None else "not deployed")
+        self._observe(now)
+
+    def _ack(self, command_id: str, ok: bool, reason: str = "") -> None:
+        self._publish_signed(ACK, CommandAck(command_id, self.device_id, ok, reason[:300]))
+
+    # ------------------------------------------------------------ adverts
+
+    def _birth(self, now: float) -> None:
+        birth = build_birth(self.device_id, self.cfg.site, self.caps, self.identity.public_key_bytes,
+                            epoch=self.epoch, seq=self.signer.seq + 1, labels=self.cfg.labels,
+                            taints=self.cfg.taints, state_interval_s=self.cfg.state_interval_s)
+        self._publish_signed(BIRTH, birth)
+        self.births += 1
+        self.phase = Phase.ONLINE
+        self.advertiser.reset()
+        log.info("%s: birth published (epoch %d, fog %s)", self.device_id, self.epoch, self.fog_id)
+        self._observe(now)
+
+    def _observe(self, now: float) -> None:
+        reading = self.probe.read(now, self.executor.busy_s)
+        if self.phase is Phase.ONLINE:
+            snap = Snapshot(reading, self.executor.statuses(), self.link.uplink_bps, self.link.rtt_s)
+            reason = self.advertiser.tick(snap, now)
+            if reason is not None:
+                state = self.advertiser.state(snap, self.epoch, self.signer.seq + 1)
+                self._publish_signed(STATE, state)
+                self.states += 1
+                log.debug("%s: state (%s)", self.device_id, reason)
+        self._write_status()
+
+    # ------------------------------------------------------------ publishing
+
+    def _publish_signed(self, leaf: str, msg: Message) -> None:
+        self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, time.time()))
+
+    def _publish(self, topic: str, payload: bytes) -> None:
+        sent = time.monotonic()
+        handle = self.client.publish(topic, payload, qos=1)
+        if self.client.connected:
+            watcher().track(handle, len(payload), sent, self.link)
+
+    def _publish_data(self, topic: str, payload: bytes) -> None:
+        self._publish(topic, payload)
+
+    # ------------------------------------------------------------ introspection
+
+    def status(self) -> dict[str, Any]:
+        ex = self.executor
+        mc = self.client.counters
+        return {
+            "device_id": self.device_id, "site": self.cfg.site, "phase": self.phase.value,
+            "epoch": self.epoch, "fog_id": self.fog_id, "fog_epoch": self.fog_epoch,
+            "births": self.births, "states": self.states, "pid": os.getpid(),
+            "counters": dict(sorted(self.counters.items())),
+            "verifier": {"accepted": self.verifier.accepted, "rejected": dict(self.verifier.rejected)},
+            "executor": {"forwarded": ex.forwarded, "answered": ex.answered, "errors_replied": ex.errors_replied,
+                         "rejected_overload": ex.rejected_overload, "undeliverable": ex.undeliverable,
+                         "providers": list(ex.providers)},
+            "partitions": [{"workload": p.workload, "version": p.version, "replica": p.replica, "index": p.index,
+                            "health": p.health, "served": p.served, "errors": p.errors,
+                            "p50_s": p.p50_s, "p99_s": p.p99_s} for p in ex.statuses()],
+            "link": {"uplink_bps": self.link.uplink_bps, "rtt_s": self.link.rtt_s},
+            "mqtt": {"received": mc.received, "dropped_oversized": mc.dropped_oversized,
+                     "dropped_overflow": mc.dropped_overflow, "connects": mc.connects},
+            "cache": {"bytes": self.cache.total_bytes, "hits": self.cache.hits, "evictions": self.cache.evictions},
+        }
+
+    def _write_status(self, force: bool = False) -> None:
+        if not self.cfg.status_file:
+            return
+        text = json.dumps(self.status(), indent=1, sort_keys=True)
+        if text != self._last_status or force:
+            self._last_status = text
+            try:
+                _write_atomic(self.data_dir / STATUS_FILE, text)
+            except OSError:
+                log.debug("cannot write status file", exc_info=True)

@@ -1,0 +1,235 @@
+"""Partition executor: one onnxruntime session per partition, a bounded queue, worker threads.
+
+Activations come in already decoded; each is run by the partition its hop
+names, then forwarded to the next hop or, after the last, answered to
+``reply_to``. Nothing is dropped silently: a full queue, a missing
+partition, a past deadline or a failed run becomes
+``InferenceResult(ok=False, error=...)`` to ``reply_to``. onnxruntime is
+imported on the first load, so an idle agent never pays for it.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from runtime import codec
+from runtime.errors import RemoteViolation
+from runtime.messages import Activation, InferenceResult, PartitionStatus
+from runtime.topics import ACT, Topics, parse
+
+from .probes.providers import best as best_providers
+from .stats import LatencyWindow
+
+__all__ = ["Executor", "PartitionKey", "LoadError"]
+
+log = logging.getLogger(__name__)
+
+PartitionKey = tuple[str, int, int, int]  # workload, version, replica, index
+Publish = Callable[[str, bytes], None]
+
+_STOP = object()
+
+
+class LoadError(Exception):
+    """onnxruntime could not load an artifact (the message says why)."""
+
+
+@dataclass
+class _Partition:
+    key: PartitionKey
+    sha256: str
+    memory_bytes: int
+    session: Any
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    latency: LatencyWindow = field(default_factory=LatencyWindow)
+    served: int = 0
+    errors: int = 0
+    health: str = "running"
+
+
+def _ort() -> Any:
+    import onnxruntime  # noqa: PLC0415 - lazy on purpose: ~100 MB and ~0.3 s the idle agent never needs
+
+    onnxruntime.set_default_logger_severity(3)
+    return onnxruntime
+
+
+class Executor:
+    def __init__(self, device_id: str, topics: Topics, publish: Publish, *, intra_op_threads: int = 0,
+                 workers: int = 1, queue_size: int = 64, slowdown: float = 1.0) -> None:
+        self.device_id = device_id
+        self.topics = topics
+        self._publish = publish
+        self.intra_op_threads = intra_op_threads
+        self.workers = max(1, workers)
+        self.slowdown = slowdown
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        self._parts: dict[PartitionKey, _Partition] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.busy_s = 0.0  # cumulative compute seconds (simulated battery drain uses it)
+        self.rejected_overload = 0
+        self.errors_replied = 0
+        self.forwarded = 0
+        self.answered = 0
+        self.undeliverable = 0
+        self.providers: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------ partitions (agent thread)
+
+    def load(self, key: PartitionKey, sha256: str, artifact: bytes, memory_bytes: int) -> None:
+        """Create the session (replacing one with the same key); raise LoadError."""
+        ort = _ort()
+        opts = ort.SessionOptions()
+        if self.intra_op_threads:
+            opts.intra_op_num_threads = self.intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        available = ort.get_available_providers()
+        wanted = best_providers(available)
+        try:
+            session = ort.InferenceSession(artifact, sess_options=opts, providers=wanted)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises many types for bad models
+            raise LoadError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        self.providers = tuple(session.get_providers())
+        part = _Partition(key, sha256, memory_bytes, session,
+                          tuple(i.name for i in session.get_inputs()),
+                          tuple(o.name for o in session.get_outputs()))
+        with self._lock:
+            self._parts[key] = part
+        self._ensure_workers()
+
+    def unload(self, key: PartitionKey) -> _Partition | None:
+        with self._lock:
+            return self._parts.pop(key, None)
+
+    def get(self, key: PartitionKey) -> _Partition | None:
+        with self._lock:
+            return self._parts.get(key)
+
+    def reserved_memory(self) -> int:
+        with self._lock:
+            return sum(p.memory_bytes for p in self._parts.values())
+
+    def statuses(self) -> tuple[PartitionStatus, ...]:
+        with self._lock:
+            parts = sorted(self._parts.values(), key=lambda p: p.key)
+        return tuple(PartitionStatus(p.key[0], p.key[1], p.key[2], p.key[3], p.sha256, p.health,
+                                     p.latency.p(50), p.latency.p(99), p.served, p.errors) for p in parts)
+
+    # ------------------------------------------------------------ data plane (any thread)
+
+    def submit(self, act: Activation) -> None:
+        """Queue an activation; when the queue is full, answer an error at once (backpressure)."""
+        try:
+            self._queue.put_nowait(act)
+        except queue.Full:
+            self.rejected_overload += 1
+            self._fail(act, "overloaded: queue full")
+
+    def _ensure_workers(self) -> None:
+        while len(self._threads) < self.workers:
+            t = threading.Thread(target=self._run, name=f"exec-{self.device_id}-{len(self._threads)}",
+                                 daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads.clear()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            try:
+                self._process(item)
+            except Exception as exc:  # noqa: BLE001 - a failure becomes an error reply, never a dead worker
+                log.exception("%s: activation %s failed", self.device_id, getattr(item, "request_id", "?"))
+                self._fail(item, f"internal error: {type(exc).__name__}")
+
+    def _process(self, act: Activation) -> None:
+        hop = act.route[act.hop]
+        if hop.device_id != self.device_id:
+            self._fail(act, f"misrouted: hop {act.hop} is for {hop.device_id}")
+            return
+        key = (hop.workload, hop.version, hop.replica, hop.index)
+        part = self.get(key)
+        if part is None:
+            self._fail(act, f"partition {hop.workload} v{hop.version} r{hop.replica} #{hop.index} not deployed")
+            return
+        if act.deadline and time.time() > act.deadline:
+            part.errors += 1
+            self._fail(act, "deadline exceeded before compute")
+            return
+        missing = [n for n in part.inputs if n not in act.tensors]
+        if missing:
+            part.errors += 1
+            self._fail(act, f"missing input tensor {missing[0]!r}")
+            return
+        feeds = {n: act.tensors[n] for n in part.inputs}
+        t0 = time.monotonic()
+        try:
+            values = part.session.run(None, feeds)
+        except Exception as exc:  # noqa: BLE001 - bad shapes/dtypes from a peer are its fault
+            part.errors += 1
+            self._fail(act, f"run failed: {type(exc).__name__}: {str(exc)[:160]}")
+            return
+        elapsed = time.monotonic() - t0
+        if self.slowdown > 1.0:  # simulated slower device: stretch the measured compute
+            time.sleep(elapsed * (self.slowdown - 1.0))
+            elapsed *= self.slowdown
+        self.busy_s += elapsed
+        part.latency.add(elapsed)
+        part.served += 1
+        outputs = {n: np.asarray(v) for n, v in zip(part.outputs, values)}
+        nxt = act.hop + 1
+        if nxt < len(act.route):
+            # tensors this partition did not consume travel on (a skip connection past this hop)
+            passthrough = {k: v for k, v in act.tensors.items() if k not in part.inputs and k not in outputs}
+            fwd = Activation(act.request_id, act.workload, act.route, nxt, act.reply_to,
+                             {**passthrough, **outputs}, act.deadline)
+            target = act.route[nxt].device_id
+            self.forwarded += 1
+            if target == self.device_id:
+                self.submit(fwd)  # next partition is here too: skip the broker round trip
+            else:
+                self._publish(self.topics.device(target, ACT), codec.encode(fwd))
+            return
+        self.answered += 1
+        self._reply(act, InferenceResult(act.request_id, True, outputs, "", self.device_id, hop.replica, elapsed))
+
+    def _fail(self, act: Activation, error: str) -> None:
+        self.errors_replied += 1
+        hop = act.route[act.hop] if 0 <= act.hop < len(act.route) else None
+        log.info("%s: request %s failed: %s", self.device_id, act.request_id, error)
+        self._reply(act, InferenceResult(act.request_id, False, {}, f"{self.device_id}: {error}",
+                                         self.device_id, hop.replica if hop else 0, 0.0))
+
+    def _reply(self, act: Activation, result: InferenceResult) -> None:
+        if not valid_reply_topic(act.reply_to, self.topics):
+            self.undeliverable += 1
+            log.warning("%s: request %s has an unusable reply_to %r", self.device_id, act.request_id,
+                        act.reply_to[:80])
+            return
+        self._publish(act.reply_to, codec.encode(result))
+
+
+def valid_reply_topic(topic: str, topics: Topics) -> bool:
+    """Replies go only to ``reply/{client}`` topics of our own site (activations are unsigned)."""
+    try:
+        parsed = parse(topic)
+    except RemoteViolation:
+        return False
+    return parsed.scope == "reply" and parsed.site == topics.site

@@ -1,0 +1,59 @@
+"""Run one agent, or many simulated agents in one process, until SIGTERM / SIGINT."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import zlib
+from typing import Any
+
+from simulations.profiles import DeviceProfile
+
+from .agent import Agent, AgentConfig
+
+__all__ = ["run_agents", "make_agent"]
+
+log = logging.getLogger(__name__)
+
+
+def make_agent(cfg: AgentConfig, *, profile: DeviceProfile | None = None, speedup: float = 1.0,
+               flops: float | None = None) -> Agent:
+    """An agent with the live probe, or a simulated device when ``profile`` is given."""
+    probe: Any
+    if profile is not None:
+        from .simulated import SimulatedDevice  # noqa: PLC0415
+
+        probe = SimulatedDevice(profile, seed=zlib.crc32(cfg.device_id.encode()), speedup=speedup)
+    else:
+        from .probes.live import LiveProbe  # noqa: PLC0415
+
+        probe = LiveProbe(flops=flops)
+    return Agent(cfg, probe)
+
+
+def run_agents(cfgs: list[AgentConfig], *, profile: DeviceProfile | None = None, speedup: float = 1.0,
+               flops: float | None = None) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agents: list[Agent] = []
+    try:
+        for cfg in cfgs:
+            agents.append(make_agent(cfg, profile=profile, speedup=speedup, flops=flops).start())
+            if len(cfgs) > 1:
+                time.sleep(0.005)  # spread a fleet's connects a little
+            if stop.is_set():
+                break
+        log.info("%d agent(s) started against %s:%d site %s", len(agents), cfgs[0].host, cfgs[0].port,
+                    cfgs[0].site)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for a in agents:
+            a.stop()
+    return 0

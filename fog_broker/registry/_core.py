@@ -1,0 +1,361 @@
+"""The fleet registry: a table-driven liveness state machine over device adverts.
+
+Pure: no clock, no threads, no I/O. ``handle(advert, now)`` and ``tick(now)``
+return commands for the shell (ask a device to rebirth, tell the controller a
+device joined or was lost). Epochs follow Sparkplug's ``bdSeq``: any advert
+whose connect epoch is older than the device's current one is a leftover of a
+dead connection (typically a late Will) and is ignored, counted.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Union
+
+from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
+
+from ..placement.model import Battery, Device, Fleet, Taint
+
+__all__ = [
+    "DeviceStatus", "DeviceRecord", "RegistryConfig", "Registry", "TRANSITIONS",
+    "RequestRebirth", "DeviceJoined", "DeviceLost", "Command", "training_fitness",
+]
+
+
+class DeviceStatus(enum.Enum):
+    UNKNOWN = "unknown"
+    LIVE = "live"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+class _Missed:
+    """Pseudo-event: one state interval (and a half) without any advert."""
+
+
+class _Expired:
+    """Pseudo-event: the liveness deadline (``missed_intervals`` state intervals) passed."""
+
+
+class _Action(enum.Enum):
+    JOIN = "join"          # a (re)birth: record it, tell the controller
+    REFRESH = "refresh"    # a state advert: update figures and last_seen
+    REBIRTH = "rebirth"    # we lack the birth for this connection: ask for it
+    LOSE = "lose"          # the device is gone: tell the controller
+    SUSPECT = "suspect"
+    IGNORE = "ignore"
+
+
+S, A = DeviceStatus, _Action
+#: (status, event type) -> (next status, action). Every transition of a device lives here.
+TRANSITIONS: dict[tuple[DeviceStatus, type], tuple[DeviceStatus, _Action]] = {
+    (S.UNKNOWN, DeviceBirth): (S.LIVE, A.JOIN),
+    (S.LIVE, DeviceBirth): (S.LIVE, A.JOIN),
+    (S.SUSPECT, DeviceBirth): (S.LIVE, A.JOIN),
+    (S.DEAD, DeviceBirth): (S.LIVE, A.JOIN),
+    (S.UNKNOWN, DeviceState): (S.UNKNOWN, A.REBIRTH),
+    (S.LIVE, DeviceState): (S.LIVE, A.REFRESH),
+    (S.SUSPECT, DeviceState): (S.LIVE, A.REFRESH),
+    (S.DEAD, DeviceState): (S.DEAD, A.REBIRTH),
+    (S.UNKNOWN, DeviceDeath): (S.UNKNOWN, A.IGNORE),
+    (S.LIVE, DeviceDeath): (S.DEAD, A.LOSE),
+    (S.SUSPECT, DeviceDeath): (S.DEAD, A.LOSE),
+    (S.DEAD, DeviceDeath): (S.DEAD, A.IGNORE),
+    (S.LIVE, _Missed): (S.SUSPECT, A.SUSPECT),
+    (S.SUSPECT, _Expired): (S.DEAD, A.LOSE),
+    (S.LIVE, _Expired): (S.DEAD, A.LOSE),
+}
+del S, A
+
+Advert = Union[DeviceBirth, DeviceState, DeviceDeath]
+
+
+# ------------------------------------------------------------------ commands
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRebirth:
+    """Publish ``Rebirth(device_id)``: we hear a device whose birth we do not have."""
+
+    device_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceJoined:
+    device_id: str
+    epoch: int
+    rejoin: bool  # it was known before (a reconnect or a restart of the device)
+    new_epoch: bool = True  # False for a rebirth of the same connection (nothing was lost)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLost:
+    """The device and everything it ran are gone; ``reason`` is a fixed phrase."""
+
+    device_id: str
+    epoch: int
+    reason: str  # "will" | "missed state adverts"
+    last_seen: float
+
+
+Command = Union[RequestRebirth, DeviceJoined, DeviceLost]
+
+
+# ------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    missed_intervals: float = 3.0      # dead after this many state intervals without an advert
+    suspect_intervals: float = 1.5     # suspect after this many
+    default_interval_s: float = 10.0   # until a birth says otherwise
+    rebirth_backoff_s: float = 2.0     # do not ask one device to rebirth more often than this
+    battery_floor: float = 0.3         # federated training: battery above this, or charging
+
+
+@dataclass(slots=True)
+class DeviceRecord:
+    """Everything the fog knows about one device; owned by the registry."""
+
+    device_id: str
+    status: DeviceStatus = DeviceStatus.UNKNOWN
+    epoch: int = -1
+    birth: DeviceBirth | None = None
+    state: DeviceState | None = None
+    last_seen: float = -math.inf
+    since: float = 0.0
+    lost_reason: str = ""
+    rebirth_asked_at: float = -math.inf
+    adverts: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.status in (DeviceStatus.LIVE, DeviceStatus.SUSPECT)
+
+    @property
+    def interval_s(self) -> float:
+        return self.birth.state_interval_s if self.birth is not None and self.birth.state_interval_s > 0 else 0.0
+
+    def partitions(self) -> tuple[PartitionStatus, ...]:
+        """Partitions reported by the latest state advert of the current connection."""
+        if self.state is None or self.state.epoch != self.epoch or not self.alive:
+            return ()
+        return self.state.partitions
+
+
+def training_fitness(rec: DeviceRecord, battery_floor: float) -> tuple[bool, str]:
+    """Fit for a federated round: alive, battery above the floor or charging, not throttled, not metered."""
+    st = rec.state
+    if not rec.alive:
+        return False, "not alive"
+    if st is None:
+        return False, "no state advert yet"
+    if st.throttled:
+        return False, "throttled"
+    if st.metered:
+        return False, "metered link"
+    if st.battery_level is not None and not st.charging and st.battery_level < battery_floor:
+        return False, f"battery {st.battery_level:.0%} below floor {battery_floor:.0%}"
+    if st.battery_level is None:
+        return True, "mains powered"
+    return True, "charging" if st.charging else f"battery {st.battery_level:.0%}"
+
+
+def _positive(v: float) -> float:
+    return v if v > 0 and math.isfinite(v) else 1.0
+
+
+class Registry:
+    """Device records and their liveness; one owner thread drives it."""
+
+    def __init__(self, config: RegistryConfig | None = None) -> None:
+        self.config = config or RegistryConfig()
+        self.devices: dict[str, DeviceRecord] = {}
+        self.stale = 0          # adverts of an old connection, ignored
+        self.ignored = 0        # transitions with no effect (death of an unknown device, ...)
+        self.accepted = 0
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, advert: Advert, now: float) -> list[Command]:
+        """Apply one verified advert received at monotonic ``now``."""
+        rec = self.devices.get(advert.device_id)
+        if rec is None:
+            rec = self.devices[advert.device_id] = DeviceRecord(advert.device_id, since=now)
+        if rec.status is not DeviceStatus.UNKNOWN and advert.epoch < rec.epoch:
+            self.stale += 1
+            return []
+        if isinstance(advert, DeviceState) and advert.epoch > rec.epoch and rec.status is not DeviceStatus.UNKNOWN:
+            # A new connection whose birth we missed (e.g. lost while we restarted).
+            rec.state = advert
+            return self._ask_rebirth(rec, now, "state from a connection without birth")
+        if isinstance(advert, DeviceDeath) and rec.status is DeviceStatus.DEAD and advert.epoch > rec.epoch:
+            rec.epoch = advert.epoch
+        new, action = TRANSITIONS[(rec.status, type(advert))]
+        self.accepted += 1
+        rec.adverts += 1
+        if action is _Action.JOIN:
+            assert isinstance(advert, DeviceBirth)
+            rejoin = rec.birth is not None
+            new_epoch = advert.epoch != rec.epoch
+            rec.birth, rec.epoch, rec.last_seen = advert, advert.epoch, now
+            if rec.state is not None and rec.state.epoch != advert.epoch:
+                rec.state = None
+            rec.lost_reason = ""
+            self._set(rec, new, now)
+            return [DeviceJoined(rec.device_id, rec.epoch, rejoin, new_epoch)]
+        if action is _Action.REFRESH:
+            assert isinstance(advert, DeviceState)
+            rec.state, rec.last_seen = advert, now
+            self._set(rec, new, now)
+            return []
+        if action is _Action.REBIRTH:
+            assert isinstance(advert, DeviceState)
+            if rec.state is None or advert.epoch >= rec.state.epoch:
+                rec.state = advert  # kept until the birth of the same connection arrives
+            return self._ask_rebirth(rec, now, "state from an unknown device" if rec.status is DeviceStatus.UNKNOWN
+                                     else "state from a device marked dead")
+        if action is _Action.LOSE:
+            return self._lose(rec, new, now, "will")
+        self.ignored += 1
+        return []
+
+    def tick(self, now: float) -> list[Command]:
+        """Apply the liveness deadlines: suspect after 1.5 intervals, dead after 3."""
+        out: list[Command] = []
+        cfg = self.config
+        for rec in self.devices.values():
+            if not rec.alive:
+                continue
+            interval = rec.interval_s or cfg.default_interval_s
+            silent = now - rec.last_seen
+            if silent > cfg.missed_intervals * interval:
+                new, _ = TRANSITIONS[(rec.status, _Expired)]
+                out.extend(self._lose(rec, new, now, "missed state adverts"))
+            elif rec.status is DeviceStatus.LIVE and silent > cfg.suspect_intervals * interval:
+                new, _ = TRANSITIONS[(rec.status, _Missed)]
+                self._set(rec, new, now)
+        return out
+
+    def next_deadline(self) -> float:
+        """The earliest ``now`` at which ``tick`` may change something (for the shell's timer)."""
+        best = math.inf
+        cfg = self.config
+        for rec in self.devices.values():
+            if rec.alive:
+                interval = rec.interval_s or cfg.default_interval_s
+                k = cfg.suspect_intervals if rec.status is DeviceStatus.LIVE else cfg.missed_intervals
+                best = min(best, rec.last_seen + k * interval)
+        return best
+
+    def ask_rebirth(self, device_id: str, now: float, reason: str) -> list[Command]:
+        """A device we cannot verify yet (not enrolled) is talking: ask it for a birth, rate-limited."""
+        rec = self.devices.get(device_id)
+        if rec is None:
+            rec = self.devices[device_id] = DeviceRecord(device_id, since=now)
+        return self._ask_rebirth(rec, now, reason)
+
+    def forget(self, device_id: str) -> None:
+        self.devices.pop(device_id, None)
+
+    # ------------------------------------------------------------ helpers
+
+    def _set(self, rec: DeviceRecord, status: DeviceStatus, now: float) -> None:
+        if rec.status is not status:
+            rec.status = status
+            rec.since = now
+
+    def _ask_rebirth(self, rec: DeviceRecord, now: float, reason: str) -> list[Command]:
+        if now - rec.rebirth_asked_at < self.config.rebirth_backoff_s:
+            self.ignored += 1
+            return []
+        rec.rebirth_asked_at = now
+        return [RequestRebirth(rec.device_id, reason)]
+
+    def _lose(self, rec: DeviceRecord, status: DeviceStatus, now: float, reason: str) -> list[Command]:
+        self._set(rec, status, now)
+        rec.lost_reason = reason
+        return [DeviceLost(rec.device_id, rec.epoch, reason, rec.last_seen)]
+
+    # ------------------------------------------------------------ views
+
+    def get(self, device_id: str) -> DeviceRecord | None:
+        return self.devices.get(device_id)
+
+    def alive_ids(self) -> list[str]:
+        return sorted(d for d, r in self.devices.items() if r.alive)
+
+    def reported(self) -> dict[str, tuple[PartitionStatus, ...]]:
+        """Partitions each live device reports running (latest state of its current connection)."""
+        return {d: r.partitions() for d, r in self.devices.items()
+                if r.alive and r.state is not None and r.state.epoch == r.epoch}
+
+    def fleet(self, reserved: Mapping[str, float] | None = None) -> Fleet:
+        """The scheduler's snapshot: birth resources, latest state figures.
+
+        ``memory_bytes`` is what the device can give partitions: its birth figure,
+        lowered to the free memory it reports plus ``reserved`` (memory of the
+        partitions we placed there, which ``current`` charges again).
+        """
+        reserved = reserved or {}
+        devices = []
+        for did in sorted(self.devices):
+            rec = self.devices[did]
+            b = rec.birth
+            if b is None:
+                continue
+            st = rec.state if rec.state is not None and rec.state.epoch == rec.epoch else None
+            mem = float(b.memory_bytes)
+            if st is not None:
+                mem = min(mem, float(st.free_memory_bytes) + float(reserved.get(did, 0.0)))
+            battery = None
+            if b.battery_capacity_wh is not None:
+                level = st.battery_level if st is not None and st.battery_level is not None else 1.0
+                battery = Battery(b.battery_capacity_wh, min(max(level, 0.0), 1.0),
+                                  bool(st.charging) if st is not None else False)
+            uplink = st.uplink_bps if st is not None and st.uplink_bps else b.uplink_bps
+            rtt = st.rtt_s if st is not None and st.rtt_s is not None else b.rtt_s
+            devices.append(Device(
+                id=did, flops=_positive(b.flops), memory_bytes=max(mem, 0.0),
+                uplink_bps=_positive(uplink), downlink_bps=_positive(b.downlink_bps),
+                rtt_s=rtt, power_active_w=b.power_active_w, power_idle_w=b.power_idle_w,
+                tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
+                labels=tuple(sorted(b.labels.items())),
+                taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
+                battery=battery, alive=rec.alive,
+            ))
+        return Fleet(tuple(devices))
+
+    def summaries(self) -> tuple[DeviceSummary, ...]:
+        """Per-device summary for the coordinator's energy-aware client selection."""
+        out = []
+        for did in sorted(self.devices):
+            rec = self.devices[did]
+            if rec.birth is None:
+                continue
+            st = rec.state
+            fit, reason = training_fitness(rec, self.config.battery_floor)
+            out.append(DeviceSummary(
+                device_id=did, alive=rec.alive,
+                battery_level=st.battery_level if st is not None else None,
+                charging=st.charging if st is not None else False,
+                throttled=st.throttled if st is not None else False,
+                metered=st.metered if st is not None else False,
+                power_w=st.power_w if st is not None else None,
+                fit_for_training=fit, reason=reason,
+                flwr_node_id=st.flwr_node_id if st is not None else None,
+            ))
+        return tuple(out)
+
+    def counts(self) -> dict[str, int]:
+        c = {s.value: 0 for s in DeviceStatus}
+        for r in self.devices.values():
+            c[r.status.value] += 1
+        return c
+
+
+def iter_lost(cmds: Iterable[Command]) -> list[DeviceLost]:
+    return [c for c in cmds if isinstance(c, DeviceLost)]
+

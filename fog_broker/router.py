@@ -1,0 +1,171 @@
+"""Inference router bookkeeping (pure): pending requests, attempts, deadlines, failover.
+
+The shell hands it a request together with the healthy replica chains of the
+workload (primary first) and the clocks; the router answers with commands:
+send an ``Activation`` to the first hop, or reply to the client. Every accepted
+request ends in exactly one ``ReplyClient`` (a result or an error): on an error
+or a timeout it retries once on another chain, then answers with the error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+import numpy as np
+
+from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
+
+__all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain"]
+
+Chain = tuple[int, tuple[Hop, ...]]  # (replica, route)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    max_attempts: int = 2            # the first chain, then one other
+    max_pending: int = 10_000        # beyond this, new requests are refused at once
+    default_timeout_s: float = 5.0
+    max_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class SendActivation:
+    device: str
+    activation: Activation
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyClient:
+    reply_to: str
+    result: InferenceResult
+
+
+Command = Union[SendActivation, ReplyClient]
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: InferenceRequest
+    received_at: float
+    deadline: float           # overall, monotonic
+    attempt_deadline: float
+    attempt: int
+    chain: Chain
+    tried: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+
+class Router:
+    """Pending inference requests of one fog broker; one owner thread drives it."""
+
+    def __init__(self, reply_topic: str, config: RouterConfig | None = None) -> None:
+        self.reply_topic = reply_topic
+        self.config = config or RouterConfig()
+        self._pending: dict[str, _Pending] = {}   # attempt id -> pending
+        self._by_request: dict[str, str] = {}     # client request id -> attempt id
+        self.counters: dict[str, int] = {"accepted": 0, "answered": 0, "failed": 0, "retries": 0,
+                                          "timeouts": 0, "late": 0, "refused": 0}
+        self.latencies: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def submit(self, req: InferenceRequest, chains: Sequence[Chain], now: float, wall: float,
+               why_none: str = "") -> list[Command]:
+        """Accept a request and route it on the first chain, or answer at once with an error."""
+        if req.request_id in self._by_request:
+            return []  # a QoS1 duplicate of a request in flight
+        if len(self._pending) >= self.config.max_pending:
+            self.counters["refused"] += 1
+            return [self._error(req, f"router overloaded ({len(self._pending)} requests pending)")]
+        if not chains:
+            self.counters["refused"] += 1
+            return [self._error(req, f"workload '{req.workload}' has no running replica"
+                                     + (f": {why_none}" if why_none else ""))]
+        timeout = req.timeout_s if req.timeout_s > 0 else self.config.default_timeout_s
+        timeout = min(timeout, self.config.max_timeout_s)
+        self.counters["accepted"] += 1
+        p = _Pending(req, now, now + timeout, 0.0, 0, chains[0])
+        return self._send(p, chains, now, wall)
+
+    def result(self, res: InferenceResult, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
+        """A result (or a hop's error) came back for one of our attempts."""
+        p = self._pending.pop(res.request_id, None)
+        if p is None:
+            self.counters["late"] += 1
+            return []
+        del self._by_request[p.request.request_id]
+        if res.ok:
+            self.counters["answered"] += 1
+            self.latencies.append(now - p.received_at)
+            return [ReplyClient(p.request.reply_to, InferenceResult(
+                p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0],
+                now - p.received_at))]
+        p.errors.append(f"replica {p.chain[0]}: {res.error or 'error'}"
+                        + (f" (at {res.device_id})" if res.device_id else ""))
+        return self._retry(p, chains, now, wall)
+
+    def device_lost(self, device_id: str, chains_of: dict[str, Sequence[Chain]], now: float,
+                    wall: float) -> list[Command]:
+        """Requests in flight through a lost device fail over now instead of at their timeout."""
+        out: list[Command] = []
+        for aid, p in list(self._pending.items()):
+            if any(h.device_id == device_id for h in p.chain[1]):
+                del self._pending[aid]
+                del self._by_request[p.request.request_id]
+                p.errors.append(f"replica {p.chain[0]}: device {device_id} lost")
+                out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
+        return out
+
+    def tick(self, now: float, chains_of: dict[str, Sequence[Chain]], wall: float) -> list[Command]:
+        out: list[Command] = []
+        for aid, p in list(self._pending.items()):
+            if now >= p.attempt_deadline:
+                del self._pending[aid]
+                del self._by_request[p.request.request_id]
+                self.counters["timeouts"] += 1
+                p.errors.append(f"replica {p.chain[0]}: timed out")
+                out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
+        return out
+
+    def workloads_in_flight(self) -> set[str]:
+        return {p.request.workload for p in self._pending.values()}
+
+    def next_deadline(self) -> float:
+        return min((p.attempt_deadline for p in self._pending.values()), default=math.inf)
+
+    # ------------------------------------------------------------ internals
+
+    def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
+        if p.attempt < self.config.max_attempts and now < p.deadline:
+            fresh = [c for c in chains if c[0] not in p.tried]
+            if fresh:
+                self.counters["retries"] += 1
+                return self._send(p, fresh, now, wall)
+        self.counters["failed"] += 1
+        return [self._error(p.request, "; ".join(p.errors))]
+
+    def _send(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
+        chain = chains[0]
+        p.chain = chain
+        p.attempt += 1
+        p.tried.add(chain[0])
+        remaining = p.deadline - now
+        others = [c for c in chains[1:] if c[0] not in p.tried]
+        # Leave half of the budget for the failover when another chain could take it.
+        share = remaining / 2 if others and p.attempt < self.config.max_attempts else remaining
+        p.attempt_deadline = now + share
+        aid = f"{p.request.request_id}#{p.attempt}"
+        self._pending[aid] = p
+        self._by_request[p.request.request_id] = aid
+        act = Activation(aid, p.request.workload, chain[1], 0, self.reply_topic,
+                         dict(p.request.tensors), wall + remaining)
+        return [SendActivation(chain[1][0].device_id, act)]
+
+    def _error(self, req: InferenceRequest, error: str) -> ReplyClient:
+        return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000]))
+
+
+def as_tensors(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in d.items()}

@@ -1,0 +1,60 @@
+"""Shared builders and an independent brute-force optimiser for placement tests."""
+from __future__ import annotations
+
+import itertools
+import random
+
+from fog_broker.placement import ChainProfile, Device, PartitionPlacement, Segment, chain_cost
+
+
+def dev(i: str, **kw: object) -> Device:
+    base: dict[str, object] = dict(flops=1e9, memory_bytes=1e6, uplink_bps=1e7, downlink_bps=1e7,
+                                   rtt_s=1e-3, power_active_w=5.0, tx_j_per_byte=1e-7,
+                                   rx_j_per_byte=1e-7)
+    base.update(kw)
+    return Device(id=i, **base)  # type: ignore[arg-type]
+
+
+def profile(n: int, *, flops: float = 1e8, params: float = 1e5, act: float = 5e4,
+            out: float = 1e4, inp: float = 3072.0) -> ChainProfile:
+    return ChainProfile("m", inp, tuple(Segment(f"s{i}", flops, params, act, out)
+                                        for i in range(n)))
+
+
+def random_instance(rng: random.Random, n_dev: int, n_seg: int,
+                    tight: bool = True) -> tuple[list[Device], ChainProfile]:
+    devs = []
+    for i in range(n_dev):
+        devs.append(Device(
+            id=f"d{i}", flops=rng.choice([1e8, 5e8, 2e9, 1e10]) * rng.uniform(0.5, 2),
+            memory_bytes=rng.uniform(1e5, 2e6) if tight else 1e9,
+            uplink_bps=rng.choice([1e6, 1e7, 1e8]) * rng.uniform(0.5, 2),
+            downlink_bps=rng.choice([1e6, 1e7, 1e8]) * rng.uniform(0.5, 2),
+            rtt_s=rng.uniform(1e-4, 2e-2), power_active_w=rng.uniform(1, 20),
+            tx_j_per_byte=rng.uniform(1e-8, 1e-6), rx_j_per_byte=rng.uniform(1e-8, 1e-6),
+            labels=(("power-domain", f"p{i % 3}"),)))
+    segs = tuple(Segment(f"s{i}", rng.uniform(1e6, 1e9), rng.uniform(1e4, 6e5),
+                         rng.uniform(1e4, 3e5), rng.uniform(1e3, 2e5)) for i in range(n_seg))
+    return devs, ChainProfile("m", rng.uniform(1e3, 1e5), segs)
+
+
+def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, objective: str,
+                max_partitions: int | None, free: dict[str, float] | None = None
+                ) -> tuple[float, list[PartitionPlacement]] | None:
+    """Enumerate every composition of the segments and every injective device assignment."""
+    n = len(prof.segments)
+    dm = {d.id: d for d in devs}
+    free = free or {d.id: d.memory_bytes for d in devs}
+    best: tuple[float, list[PartitionPlacement]] | None = None
+    for k in range(1, min(n, max_partitions or n) + 1):
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            b = (0, *cuts, n)
+            parts = [(b[i], b[i + 1] - 1) for i in range(k)]
+            for perm in itertools.permutations(devs, k):
+                if any(prof.memory_of(f, l) > free[d.id] for (f, l), d in zip(parts, perm)):
+                    continue
+                pl = [PartitionPlacement(f, l, d.id) for (f, l), d in zip(parts, perm)]
+                c = chain_cost(prof, pl, dm, source, sink).objective(objective)
+                if best is None or c < best[0]:
+                    best = (c, pl)
+    return best
