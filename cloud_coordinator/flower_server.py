@@ -29,12 +29,11 @@ from runtime.messages import FleetSummary
 from .policy import CheckpointPolicy
 from .rounds import Reply, RunConfig, Wait, wait_decision
 from .selection import Selection, SelectionPolicy, explain, select_clients
-from .store import CheckpointStore, atomic_write
+from .store import REPORT_FILE, CheckpointStore, atomic_write
 
 __all__ = ["app", "GridFleet", "REPORT_FILE", "LOCK_FILE"]
 
 log = logging.getLogger("fogline.coordinator")
-REPORT_FILE = "report.json"
 LOCK_FILE = ".coordinator.lock"
 POLL_S = 0.5
 

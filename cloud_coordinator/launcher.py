@@ -27,7 +27,7 @@ from typing import Any
 
 from runtime.errors import FoglineError
 
-from .flower_server import REPORT_FILE
+from .store import REPORT_FILE
 
 __all__ = ["CoordinatorOptions", "Supervisor", "flower_env", "write_app", "port_open", "free_port"]
 
@@ -144,9 +144,9 @@ class Supervisor:
             log.info("using the SuperLink already at %s:%d", self.host, self.port)
             return
         self.generation += 1
-        db = self.dir / f"superlink-{self.generation}.db"
-        for old in self.dir.glob("superlink-*.db*"):
-            old.unlink(missing_ok=True)
+        # The same database across restarts: SuperNodes keep their node ids (a fresh
+        # database answers their heartbeats with 401 and they shut down).
+        db = self.dir / "superlink.db"
         logf = open(self.dir / "superlink.log", "ab")  # noqa: SIM115 - owned by the child
         self.superlink = subprocess.Popen(
             [_bin("flower-superlink"), "--insecure", "--database", str(db), "--host", self.host,

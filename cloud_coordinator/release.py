@@ -34,10 +34,7 @@ def build_release(weights: Sequence[np.ndarray], identity: Identity, workload: s
     import importlib
 
     to_onnx = importlib.import_module(onnx_module).to_onnx
-    try:
-        blob = to_onnx([np.asarray(w) for w in weights], model=model)
-    except TypeError:
-        blob = to_onnx([np.asarray(w) for w in weights])
+    blob = to_onnx([np.asarray(w, dtype=np.float32) for w in weights])
     artifact = blob if isinstance(blob, bytes) else blob.SerializeToString()
     meta = {"workload": workload, "version": str(version), "format": "onnx", **dict(metadata or {})}
     sig = sign_artifact(identity, artifact, meta)

@@ -31,11 +31,12 @@ from runtime.security import ArtifactSignature, Identity, sign_artifact, verify_
 from .policy import CheckpointPolicy, ReplicaEntry, choose_resume, to_prune
 
 __all__ = ["Checkpoint", "SaveReport", "ScanReport", "CheckpointStore", "QuorumError",
-           "pack", "unpack", "atomic_write"]
+           "pack", "unpack", "atomic_write", "REPORT_FILE"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+REPORT_FILE = "report.json"  # what the ServerApp writes when all rounds are done
 _EXT_NDARRAY = 7
 _EXT_BIGINT = 8
 _NAME = re.compile(r"^ckpt-(\d{8})\.json$")

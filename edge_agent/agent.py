@@ -52,6 +52,7 @@ EPOCH_FILE = "epoch"
 FOG_KEY_FILE = "fog.pub"
 STATUS_FILE = "status.json"
 MiB = 1024 * 1024
+_MAX_FOG_NAMES = 8
 
 
 class Probe(Protocol):
@@ -87,12 +88,32 @@ class AgentConfig:
     max_command_bytes: int = 16 * MiB
     max_artifact_bytes: int = 16 * MiB
     slowdown: float = 1.0  # simulated devices: stretch measured compute
+    model_compute: bool = False  # simulated devices: runs take at least partition flops / device flops
     status_file: bool = True
 
 
 def load_identity(data_dir: Path, name: str) -> Identity:
     """The device key in ``data_dir`` (created, mode 600, on first use)."""
     return Identity.load_or_create(name, Path(data_dir) / KEY_FILE)
+
+
+def partition_flops(artifact: bytes) -> float | None:
+    """FLOPs of one sample through a partition (models.profile), or None when it cannot tell."""
+    try:
+        import warnings  # noqa: PLC0415
+
+        from models.graph import analyze, load_model  # noqa: PLC0415 - onnx: simulated devices only
+        from models.profile import profile_model  # noqa: PLC0415
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = load_model(artifact)
+            dims = {d.dim_param: 1 for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
+                    if d.dim_param}  # one sample; the executor scales by the batch it sees
+            return float(profile_model(analyze(model, dims=dims)).flops) or None
+    except Exception:  # noqa: BLE001 - an optional model: no delay rather than a failed deploy
+        log.debug("cannot profile partition", exc_info=True)
+        return None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -120,10 +141,12 @@ class Agent:
         self.executor = Executor(cfg.device_id, self.topics, self._publish_data,
                                  intra_op_threads=cfg.intra_op_threads, workers=cfg.workers,
                                  queue_size=cfg.queue_size, slowdown=cfg.slowdown)
+        self.caps = probe.capabilities()
+        if cfg.model_compute:
+            self.executor.device_flops = self.caps.flops
         if hasattr(probe, "reserved"):
             probe.reserved = self.executor.reserved_memory  # simulated memory accounting
         self.advertiser = Advertiser(cfg.device_id, AdvertPolicy(cfg.state_interval_s))
-        self.caps = probe.capabilities()
         self.phase = Phase.CONNECTING
         self.epoch = self._bump_epoch()
         self._next_epoch: int | None = None
@@ -279,6 +302,11 @@ class Agent:
         if not isinstance(fs, FogState) or fs.site != self.cfg.site:
             self._count("malformed fog state")
             return
+        if self.fog_key is not None and fs.public_key and fs.public_key != self.fog_key:
+            self._count("fog key mismatch")
+            log.error("%s: fog %s presents a key that differs from the pinned one; ignoring it",
+                      self.device_id, fs.fog_id)
+            return
         if not fs.online:
             if self.phase is Phase.ONLINE:
                 log.info("%s: fog %s went offline", self.device_id, fs.fog_id)
@@ -293,11 +321,6 @@ class Agent:
             self.fog_key = fs.public_key  # trust on first use, then pinned
             _write_atomic(self.data_dir / FOG_KEY_FILE, fs.public_key.hex() + "\n")
             log.info("%s: pinned fog key of %s", self.device_id, fs.fog_id)
-        elif fs.public_key and fs.public_key != self.fog_key:
-            self._count("fog key mismatch")
-            log.error("%s: fog %s presents a key that differs from the pinned one; ignoring it",
-                      self.device_id, fs.fog_id)
-            return
         if fs.fog_id not in self.trust:
             self.trust.enroll(fs.fog_id, self.fog_key)
         self.fog_id = fs.fog_id
@@ -310,7 +333,8 @@ class Agent:
         if self.fog_key is not None and len(payload) <= self.cfg.max_command_bytes:
             try:  # the fog's key is pinned; its signing name is whatever its envelopes say
                 env = codec.decode(payload, max_size=self.cfg.max_command_bytes)
-                if isinstance(env, Envelope) and env.sender not in self.trust:
+                if (isinstance(env, Envelope) and env.sender not in self.trust
+                        and len(self.trust) < _MAX_FOG_NAMES):  # bounded: junk names cannot grow it
                     self.trust.enroll(env.sender, self.fog_key)
             except (DecodeError, RemoteViolation):
                 pass  # the verifier counts it as malformed
@@ -327,7 +351,7 @@ class Agent:
         if isinstance(msg, Rebirth):
             if msg.device_id in ("", self.device_id):
                 self._count("rebirth")
-                if self.phase is not Phase.CONNECTING and self.fog_id is not None:
+                if self.phase is Phase.ONLINE:  # while the fog is offline, its return triggers the birth
                     self._birth(now)
             return
         if broadcast:
@@ -366,8 +390,9 @@ class Agent:
         if not self.cache.put(d.sha256, artifact):
             log.warning("%s: artifact %s not cached (cache full of running partitions)", self.device_id,
                         d.sha256[:12])
+        flops = partition_flops(artifact) if self.executor.device_flops else None
         try:
-            self.executor.load(key, d.sha256, artifact, d.memory_bytes)
+            self.executor.load(key, d.sha256, artifact, d.memory_bytes, flops)
         except LoadError as exc:
             self._count(f"nack: {LOAD_FAILED}")
             self._ack(d.command_id, False, f"{LOAD_FAILED}: {exc}")

@@ -43,6 +43,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sim-speedup", type=float, default=1.0, help="simulated battery drain speed-up")
     p.add_argument("--sim-slowdown", type=float, default=1.0,
                    help="simulated compute: stretch measured partition run times by this factor")
+    p.add_argument("--sim-compute", action="store_true",
+                   help="simulated compute: runs take at least partition FLOPs / profile FLOP/s")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime intra-op threads per session (default: all cores; 1 when simulating)")
     p.add_argument("--workers", type=int, default=1, help="executor worker threads")
@@ -168,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
                         taints=taints, state_interval_s=args.state_interval, probe_interval_s=args.probe_interval,
                         keepalive=args.keepalive, fog_key=fog_key, intra_op_threads=threads,
                         workers=args.workers, queue_size=args.queue_size, cache_bytes=args.cache_mb * 1024 * 1024,
-                        max_command_bytes=args.max_command_bytes, slowdown=args.sim_slowdown)
+                        max_command_bytes=args.max_command_bytes, slowdown=args.sim_slowdown,
+                        model_compute=bool(args.sim_compute and profile is not None))
             for i, d in zip(ids, dirs)]
     from .runner import run_agents  # noqa: PLC0415
 

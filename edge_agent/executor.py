@@ -52,6 +52,7 @@ class _Partition:
     served: int = 0
     errors: int = 0
     health: str = "running"
+    flops: float | None = None  # per sample (leading dim 1), for the simulated compute delay
 
 
 def _ort() -> Any:
@@ -63,13 +64,15 @@ def _ort() -> Any:
 
 class Executor:
     def __init__(self, device_id: str, topics: Topics, publish: Publish, *, intra_op_threads: int = 0,
-                 workers: int = 1, queue_size: int = 64, slowdown: float = 1.0) -> None:
+                 workers: int = 1, queue_size: int = 64, slowdown: float = 1.0,
+                 device_flops: float | None = None) -> None:
         self.device_id = device_id
         self.topics = topics
         self._publish = publish
         self.intra_op_threads = intra_op_threads
         self.workers = max(1, workers)
         self.slowdown = slowdown
+        self.device_flops = device_flops  # set: simulated device, runs take at least flops/device_flops
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
         self._parts: dict[PartitionKey, _Partition] = {}
         self._lock = threading.Lock()
@@ -84,7 +87,8 @@ class Executor:
 
     # ------------------------------------------------------------ partitions (agent thread)
 
-    def load(self, key: PartitionKey, sha256: str, artifact: bytes, memory_bytes: int) -> None:
+    def load(self, key: PartitionKey, sha256: str, artifact: bytes, memory_bytes: int,
+             flops: float | None = None) -> None:
         """Create the session (replacing one with the same key); raise LoadError."""
         ort = _ort()
         opts = ort.SessionOptions()
@@ -101,7 +105,7 @@ class Executor:
         self.providers = tuple(session.get_providers())
         part = _Partition(key, sha256, memory_bytes, session,
                           tuple(i.name for i in session.get_inputs()),
-                          tuple(o.name for o in session.get_outputs()))
+                          tuple(o.name for o in session.get_outputs()), flops=flops)
         with self._lock:
             self._parts[key] = part
         self._ensure_workers()
@@ -187,9 +191,14 @@ class Executor:
             self._fail(act, f"run failed: {type(exc).__name__}: {str(exc)[:160]}")
             return
         elapsed = time.monotonic() - t0
-        if self.slowdown > 1.0:  # simulated slower device: stretch the measured compute
-            time.sleep(elapsed * (self.slowdown - 1.0))
-            elapsed *= self.slowdown
+        target = elapsed * self.slowdown if self.slowdown > 1.0 else elapsed
+        if self.device_flops and part.flops:  # simulated device: the modelled compute time
+            first = feeds[part.inputs[0]] if part.inputs else None
+            batch = int(first.shape[0]) if first is not None and first.ndim > 0 else 1
+            target = max(target, part.flops * max(batch, 1) / self.device_flops)
+        if target > elapsed:
+            time.sleep(target - elapsed)
+            elapsed = target
         self.busy_s += elapsed
         part.latency.add(elapsed)
         part.served += 1

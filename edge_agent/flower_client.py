@@ -9,8 +9,6 @@ config carries the seed, so a repeated round trains exactly the same way.
 from __future__ import annotations
 
 import logging
-from typing import Any
-
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -34,37 +32,32 @@ def device_identity(context: Context) -> tuple[str, int]:
 
 def apply_attack(mode: str, global_w: tuple[np.ndarray, ...], honest_w: tuple[np.ndarray, ...],
                  seed: int) -> tuple[np.ndarray, ...]:
-    """Turn an honest result into a Byzantine one (update-space attacks; label-flip acts on data)."""
+    """Turn this client's honest result into a Byzantine one.
+
+    A real device sees only its own update, so the attack is given that one
+    row as "the honest updates" (the simulator's omniscient variant lives in
+    ``cloud_coordinator.attacks`` callers).
+    """
     from cloud_coordinator import attacks
 
-    upd = [h - g for g, h in zip(global_w, honest_w, strict=True)]
-    flat = np.concatenate([u.ravel() for u in upd])
-    rng = np.random.default_rng(seed)
-    fn: Any = {"sign-flip": getattr(attacks, "sign_flip", None),
-               "gaussian": getattr(attacks, "gaussian", None) or getattr(attacks, "gaussian_noise", None)}.get(mode)
-    if fn is None:
-        raise ValueError(f"unknown attack {mode!r}")
-    try:
-        bad = np.asarray(fn(flat, rng=rng))
-    except TypeError:
-        bad = np.asarray(fn(flat))
+    flat = np.concatenate([(h - g).ravel() for g, h in zip(global_w, honest_w, strict=True)])[None, :]
+    if mode == "sign-flip":
+        bad = attacks.sign_flip(flat, 1)[0]
+    elif mode == "gaussian":
+        bad = attacks.gaussian(flat, 1, rng=np.random.default_rng(seed))[0]
+    else:
+        raise ValueError(f"unknown update attack {mode!r}; known: {', '.join(ATTACKS)}")
     out, i = [], 0
     for g in global_w:
-        out.append(g + bad[i:i + g.size].reshape(g.shape))
+        out.append((g + bad[i:i + g.size].reshape(g.shape)).astype(g.dtype))
         i += g.size
     return tuple(out)
 
 
-def _flip_labels(y: np.ndarray, seed: int) -> np.ndarray:
+def _flip_labels(y: np.ndarray) -> np.ndarray:
     from cloud_coordinator import attacks
 
-    fn = getattr(attacks, "label_flip", None) or getattr(attacks, "flip_labels", None)
-    if fn is not None:
-        try:
-            return np.asarray(fn(y, n_classes=10))
-        except TypeError:
-            return np.asarray(fn(y))
-    return (9 - y).astype(y.dtype)
+    return attacks.flip_labels(y, 10)
 
 
 @app.train()
@@ -84,8 +77,8 @@ def train(msg: Message, context: Context) -> Message:
     x, y = client_data(cfg, partition, module)
     attack = str(context.node_config.get("byzantine", ""))
     if attack == "label-flip":
-        y = _flip_labels(y, seed)
-    global_w = tuple(np.asarray(a, dtype=np.float64) for a in msg.content["arrays"].to_numpy_ndarrays())
+        y = _flip_labels(y)
+    global_w = tuple(np.asarray(a) for a in msg.content["arrays"].to_numpy_ndarrays())
     new_w, metrics = local_train(cfg, global_w, x, y, seed, module)
     if attack in ("sign-flip", "gaussian"):
         new_w = apply_attack(attack, global_w, new_w, seed)

@@ -1,6 +1,7 @@
 """Small pure statistics: a latency window with p50/p99, and the link estimator."""
 from __future__ import annotations
 
+import math
 from collections import deque
 
 __all__ = ["LatencyWindow", "LinkEstimator", "percentile"]
@@ -10,7 +11,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list (0 for an empty one)."""
     if not sorted_values:
         return 0.0
-    rank = max(0, min(len(sorted_values) - 1, int(round(q / 100.0 * len(sorted_values) + 0.5)) - 1))
+    rank = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values)) - 1))
     return sorted_values[rank]
 
 

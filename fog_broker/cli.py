@@ -17,6 +17,7 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the fog broker's commands to the ``fogline`` parser."""
     _add_place(subparsers)
+    __import__("fog_broker.service_cli", fromlist=["register_service"]).register_service(subparsers)
 
 
 # --- place ----------------------------------------------------------------------------------

@@ -147,16 +147,22 @@ class FogClient:
             w[1].append(msg)
             w[0].set()
 
-    def _await(self, rid: str, payload: bytes, topic: str, timeout: float) -> Any:
+    def _await(self, rid: str, payload: bytes, topic: str, timeout: float, resend_s: float = 0.0) -> Any:
+        """Publish and wait for the answer; ``resend_s`` re-publishes idempotent requests (a fog broker
+        that is just (re)subscribing may miss the first copy)."""
         ev: threading.Event = threading.Event()
         box: list[Any] = []
         with self._lock:
             self._waiters[rid] = (ev, box)
         try:
-            self._mqtt.publish(topic, payload)
-            if not ev.wait(timeout):
-                raise TimeoutError(f"no answer from the fog broker within {timeout:g} s")
-            return box[0]
+            deadline = time.monotonic() + timeout
+            while True:
+                self._mqtt.publish(topic, payload)
+                left = deadline - time.monotonic()
+                if ev.wait(min(left, resend_s) if resend_s > 0 else left):
+                    return box[0]
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"no answer from the fog broker within {timeout:g} s")
         finally:
             with self._lock:
                 self._waiters.pop(rid, None)
@@ -180,7 +186,7 @@ class FogClient:
             payload_body["operator_key"] = self._identity.public_key_bytes.hex()
         req = ControlRequest(rid, action, self.reply_topic, json.dumps(payload_body).encode())
         data = self._signer_for().seal_bytes(req, time.time()) if signed else codec.encode(req)
-        reply = self._await(rid, data, self.topics.control(), timeout)
+        reply = self._await(rid, data, self.topics.control(), timeout, resend_s=0.0 if signed else 1.0)
         if not isinstance(reply, ControlReply):
             raise ControlError(f"unexpected answer {type(reply).__name__}")
         if not reply.ok:

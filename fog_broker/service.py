@@ -49,6 +49,7 @@ __all__ = ["ServiceConfig", "FogService", "default_schedule"]
 log = logging.getLogger("fog_broker.service")
 
 _STOP = object()
+_PING = "__fog_self_ping__"
 
 
 def default_schedule() -> Callable[..., Any]:
@@ -63,7 +64,7 @@ def default_schedule() -> Callable[..., Any]:
 @dataclass
 class ServiceConfig:
     data_dir: Path
-    site: str = "site"
+    site: str = "default"
     fog_id: str = ""
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
@@ -76,12 +77,19 @@ class ServiceConfig:
     strict_operators: bool = False
     battery_floor: float = 0.3
     keepalive: int = 5
+    verify_workers: int = 2
     controller: ControllerConfig = field(default_factory=ControllerConfig)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
         if not self.fog_id:
             self.fog_id = f"fog-{self.site}"
+
+
+@dataclass
+class _Shard:
+    queue: "queue.Queue[Any]"
+    verifier: Verifier
 
 
 class FogService:
@@ -96,7 +104,10 @@ class FogService:
         self.epoch = self.store.next_epoch()
         self.signer = Signer(self.identity, self.epoch)
         self.devices_trust = TrustStore(path=c.data_dir / "devices.json")
-        self.verifier = Verifier(self.devices_trust)
+        self._enroll_lock = threading.Lock()
+        # Verify shards: a device always maps to the same shard, so its replay window lives there.
+        self._shards = [_Shard(queue.Queue(maxsize=100_000), Verifier(self.devices_trust))
+                        for _ in range(max(1, c.verify_workers))]
         self.operators_trust = TrustStore(path=c.data_dir / "operators.json")
         self.op_verifier = Verifier(self.operators_trust)
         self.registry = Registry(RegistryConfig(default_interval_s=c.state_interval_s,
@@ -112,6 +123,11 @@ class FogService:
                                          qos=1, retain=True),
                                inbox_size=100_000, max_queued=100_000)
         self._owner = threading.Thread(target=self._run, name="fog-owner", daemon=True)
+        # Artifact building (ONNX split, hash, sign) runs here, never on the owner thread.
+        self._builds: queue.Queue[Any] = queue.Queue()
+        self._builder = threading.Thread(target=self._build_loop, name="fog-artifacts", daemon=True)
+        self._sign_lock = threading.Lock()
+        self._subscribed = threading.Event()
         self._stopped = threading.Event()
         self._status_lock = threading.Lock()
         self._status: dict[str, Any] = {}
@@ -159,10 +175,20 @@ class FogService:
         self.mqtt.subscribe(t.reply(self.config.fog_id), self._on_other)
         self.mqtt.on_connected.append(self._on_connected)
         self._owner.start()
+        self._builder.start()
+        for i, shard in enumerate(self._shards):
+            threading.Thread(target=self._verify_loop, args=(shard,), name=f"fog-verify-{i}", daemon=True).start()
         self.mqtt.start()
         if not self.mqtt.wait_connected(connect_timeout):
             self.stop()
             raise LocalViolation(f"cannot connect to MQTT at {self.config.mqtt_host}:{self.config.mqtt_port}")
+        # Subscriptions are made in order on connect; once a ping to our reply topic (the last one)
+        # comes back, every subscription is active and no request sent from now on is lost.
+        deadline = time.monotonic() + connect_timeout
+        while not self._subscribed.is_set() and time.monotonic() < deadline:
+            self.mqtt.publish(self.topics.reply(self.config.fog_id),
+                              codec.encode(InferenceResult(_PING, False)))
+            self._subscribed.wait(0.2)
         return self
 
     def stop(self) -> None:
@@ -175,6 +201,9 @@ class FogService:
                                   retain=True).wait(2.0)
         finally:
             self.mqtt.stop()
+            self._builds.put(_STOP)
+            for shard in self._shards:
+                shard.queue.put(_STOP)
             self.inbox.put(_STOP)
             if threading.current_thread() is not self._owner and self._owner.is_alive():
                 self._owner.join(timeout=5)
@@ -193,11 +222,43 @@ class FogService:
             self.counters["inbox_overflow"] += 1
 
     def _on_device(self, m: Inbound) -> None:
+        """MQTT worker: route a device message to its verify shard (per-device order is kept)."""
         try:
             pt = parse(m.topic)
         except RemoteViolation:
             self.counters["bad_topic"] += 1
             return
+        shard = self._shards[hash(pt.name) % len(self._shards)]
+        try:
+            shard.queue.put_nowait((m, pt))
+        except queue.Full:
+            self.counters["verify_overflow"] += 1
+
+    def _verify_loop(self, shard: "_Shard") -> None:
+        """A verify worker: Ed25519 checks release the GIL, so shards verify in parallel."""
+        while True:
+            item = shard.queue.get()
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    batch.append(shard.queue.get_nowait())
+                except queue.Empty:
+                    break
+            out: list[tuple[str, Any, float]] = []
+            for it in batch:
+                if it is _STOP:
+                    if out:
+                        self._put(("batch", out))
+                    return
+                try:
+                    self._ingest(shard.verifier, it[0], it[1], out)
+                except Exception:  # noqa: BLE001 - never lose the worker to one message
+                    self.counters["internal_errors"] += 1
+                    log.exception("ingest failed for %s", it[0].topic)
+            if out:
+                self._put(("batch", out))
+
+    def _ingest(self, verifier: Verifier, m: Inbound, pt: Any, out: list[tuple[str, Any, float]]) -> None:
         if pt.leaf == DEATH:
             try:
                 msg = codec.decode(m.payload)
@@ -208,17 +269,18 @@ class FogService:
             if not isinstance(msg, DeviceDeath) or msg.device_id != pt.name:
                 self.counters["rejected:topic mismatch"] += 1
                 return
-            self._put(("advert", msg, m.received_at))
+            out.append(("advert", msg, m.received_at))
             return
         wall = time.time()
         try:
-            env, msg = self.verifier.open(m.payload, wall)
+            env, msg = verifier.open(m.payload, wall)
         except SecurityError as exc:
             if exc.reason == UNKNOWN_SENDER:
                 if pt.leaf == BIRTH:
-                    self._enroll(m, pt.name, wall)
+                    if self._enroll(m, pt.name, wall):
+                        self._ingest(verifier, m, pt, out)
                     return
-                self._put(("rebirth", pt.name, m.received_at))
+                out.append(("rebirth", pt.name, m.received_at))
             self.counters[f"rejected:{exc.reason}"] += 1
             log.debug("rejected %s: %s", m.topic, exc)
             return
@@ -237,14 +299,14 @@ class FogService:
             self.counters["rejected:wrong kind"] += 1
             return
         self.counters[f"in:{pt.leaf}"] += 1
-        self._put(("ack", msg, m.received_at) if pt.leaf == ACK else ("advert", msg, m.received_at))
+        out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
 
-    def _enroll(self, m: Inbound, name: str, wall: float) -> None:
+    def _enroll(self, m: Inbound, name: str, wall: float) -> bool:
         """TOFU: the first birth of an unknown device pins the key it carries (self-signed)."""
         if self.config.strict_enrollment:
             self.counters["rejected:not enrolled"] += 1
             log.warning("birth from %s refused: not enrolled (strict enrollment)", name)
-            return
+            return False
         try:
             env = codec.decode(m.payload)
             if not isinstance(env, Envelope):
@@ -256,11 +318,13 @@ class FogService:
         except (DecodeError, SecurityError) as exc:
             self.counters["rejected:enrollment"] += 1
             log.warning("birth from %s refused: %s", name, exc)
-            return
-        self.devices_trust.enroll(name, birth.public_key)
-        self.counters["enrolled"] += 1
-        log.info("enrolled device %s (key %s)", name, birth.public_key.hex()[:16])
-        self._on_device(m)
+            return False
+        with self._enroll_lock:  # shards enroll concurrently; the trust file is rewritten whole
+            if name not in self.devices_trust:
+                self.devices_trust.enroll(name, birth.public_key)
+                self.counters["enrolled"] += 1
+                log.info("enrolled device %s (key %s)", name, birth.public_key.hex()[:16])
+        return True
 
     def _on_other(self, m: Inbound) -> None:
         try:
@@ -311,7 +375,10 @@ class FogService:
 
     def _dispatch(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
-        if kind == "advert":
+        if kind == "batch":
+            for sub in item[1]:
+                self._dispatch(sub)
+        elif kind == "advert":
             msg, at = item[1], item[2]
             self._handle_registry(self.registry.handle(msg, at), at)
             if isinstance(msg, DeviceState):
@@ -324,6 +391,13 @@ class FogService:
             self._execute(self.controller.ack(msg.command_id, msg.device_id, msg.ok, msg.reason, at))
             if not msg.ok:
                 log.warning("NACK from %s for %s: %s", msg.device_id, msg.command_id, msg.reason)
+            self._dirty = True
+        elif kind == "built":
+            self.controller.note_sha(item[1], item[2])
+            self._persist(item[1][0])
+        elif kind == "selfnack":
+            cmd = item[1]
+            self._execute(self.controller.ack(cmd.command_id, cmd.device, False, item[2], time.monotonic()))
             self._dirty = True
         elif kind == "rebirth":
             self._handle_registry(self.registry.ask_rebirth(item[1], item[2], "unknown sender"), item[2])
@@ -374,7 +448,15 @@ class FogService:
         self._last_reconcile = now
         reported = self.registry.reported()
         fleet = self.registry.fleet(self.controller.reserved(reported))
-        self._execute(self.controller.reconcile(fleet, reported, now))
+        was_ready = self.controller.ready
+        cmds = self.controller.reconcile(fleet, reported, now)
+        if self.controller.ready and not was_ready:
+            phases = Counter(a.phase.value for a in self.controller.assignments.values())
+            log.info("ready after %.2f s: heard %d devices; assignments %s", now - self._started_mono,
+                     len(reported), dict(phases))
+            log.debug("reported at ready: %s", {d: [(p.workload, p.version, p.replica, p.index, p.health)
+                                                     for p in ps] for d, ps in reported.items()})
+        self._execute(cmds)
 
     def _chains_of(self) -> dict[str, Any]:
         return {w: self.controller.chains(w) for w in self.router.workloads_in_flight()}
@@ -382,7 +464,8 @@ class FogService:
     # ------------------------------------------------------------ commands
 
     def _publish_signed(self, topic: str, msg: Any) -> None:
-        self.mqtt.publish(topic, self.signer.seal_bytes(msg, time.time()))
+        with self._sign_lock:  # one (epoch, seq) sequence shared by the owner and the builder
+            self.mqtt.publish(topic, self.signer.seal_bytes(msg, time.time()))
 
     def _execute(self, cmds: list[Any]) -> None:
         persist: set[str] = set()
@@ -399,20 +482,36 @@ class FogService:
             self._persist(name)
 
     def _deploy(self, cmd: DeployPartition) -> None:
+        """Owner thread: hand the deploy to the artifact thread (split + sign + publish)."""
         entry = self.controller.workloads.get(cmd.workload)
         if entry is None or entry.spec.model is None or entry.spec.profile is None:
             return
-        key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
-        try:
-            built = self.artifacts.build(entry.spec.model, cmd.first, cmd.last)
-        except Exception as exc:  # noqa: BLE001 - a model we cannot split: NACK ourselves
-            log.error("cannot build partition %s [%d, %d]: %s", cmd.workload, cmd.first, cmd.last, exc)
-            self._execute(self.controller.ack(cmd.command_id, cmd.device, False, f"artifact build failed: {exc}",
-                                              time.monotonic()))
-            return
-        self.controller.note_sha(key, built.sha256)
-        sig = self.artifacts.sign(built, cmd.workload, cmd.version, cmd.replica, cmd.index)
         memory = int(math.ceil(entry.spec.profile.memory_of(cmd.first, cmd.last)))
+        self._builds.put((cmd, entry.spec.model, memory))
+
+    def _build_loop(self) -> None:
+        try:  # warm up: the first deploy after a failure should not wait for imports
+            import models.cuts  # noqa: F401
+            import models.partition  # noqa: F401
+            import models.zoo  # noqa: F401
+        except Exception:  # noqa: BLE001
+            log.exception("models package failed to import; deploys will fail")
+        while True:
+            item = self._builds.get()
+            if item is _STOP:
+                return
+            cmd, ref, memory = item
+            try:
+                self._build_and_send(cmd, ref, memory)
+            except Exception as exc:  # noqa: BLE001 - a model we cannot split: NACK ourselves
+                log.error("cannot build partition %s [%d, %d]: %s", cmd.workload, cmd.first, cmd.last, exc)
+                self._put(("selfnack", cmd, f"artifact build failed: {exc}"[:300]))
+
+    def _build_and_send(self, cmd: DeployPartition, ref: str, memory: int) -> None:
+        key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
+        built = self.artifacts.build(ref, cmd.first, cmd.last)
+        self._put(("built", key, built.sha256))
+        sig = self.artifacts.sign(built, cmd.workload, cmd.version, cmd.replica, cmd.index)
         msg = Deploy(cmd.command_id, cmd.workload, cmd.version, cmd.replica, cmd.index, built.sha256,
                      built.onnx_bytes, sig.signature, sig.signer, memory, built.inputs, built.outputs,
                      {k: str(v) for k, v in sig.metadata.items()})
@@ -454,7 +553,9 @@ class FogService:
                 why = f"status {entry.status}"
             self._router_cmds(self.router.submit(msg, self.controller.chains(msg.workload), at, time.time(), why))
         elif topic == self.topics.reply(self.config.fog_id):
-            if isinstance(msg, InferenceResult):
+            if isinstance(msg, InferenceResult) and msg.request_id == _PING:
+                self._subscribed.set()
+            elif isinstance(msg, InferenceResult):
                 self._router_cmds(self.router.result(msg, self.controller.chains(
                     self._workload_of(msg.request_id)), at, time.time()))
         elif topic == self.topics.control():
@@ -626,10 +727,19 @@ class FogService:
             "counters": {**dict(self.counters), **{f"controller.{k}": v for k, v in self.controller.counters.items()},
                          **{f"router.{k}": v for k, v in self.router.counters.items()},
                          "registry.stale": self.registry.stale,
-                         "verifier.accepted": self.verifier.accepted,
-                         **{f"verifier.{k}": v for k, v in self.verifier.rejected.items()}},
+                         "verifier.accepted": self.verified(),
+                         **{f"verifier.{k}": v for k, v in self.rejections().items()}},
             "recoveries_s": [round(x, 4) for x in self.controller.recoveries[-50:]],
         }
+
+    def verified(self) -> int:
+        return sum(sh.verifier.accepted for sh in self._shards)
+
+    def rejections(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for sh in self._shards:
+            total.update(sh.verifier.rejected)
+        return total
 
     def _refresh_status(self, now: float) -> None:
         st = self.status(now)

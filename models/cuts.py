@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from models.errors import ModelError
 from models.graph import GraphAnalysis, ModelSource, analyze
 from models.profile import ModelProfile, cross_bytes, profile_model
@@ -64,9 +66,13 @@ def _sweep(ga: GraphAnalysis) -> list[tuple[str, ...]]:
 def enumerate_cuts(src: ModelSource) -> list[Cut]:
     """Every cut of the model in its topological order: positions 1..len(nodes)-1."""
     ga = analyze(src)
-    sizes = cross_bytes(ga)
-    names = _sweep(ga)
-    return [Cut(i, names[i], sizes[i]) for i in range(1, len(ga.nodes))]
+    hit = ga.memo.get("cuts")
+    if not isinstance(hit, tuple):
+        sizes = cross_bytes(ga)
+        names = _sweep(ga)
+        hit = tuple(Cut(i, names[i], sizes[i]) for i in range(1, len(ga.nodes)))
+        ga.memo["cuts"] = hit
+    return list(hit)
 
 
 def resolve_cuts(src: ModelSource, cuts: Sequence[int | Cut | Iterable[str]]) -> list[Cut]:
@@ -181,32 +187,34 @@ def _select(prof: ModelProfile, cross: list[int], k: int,
         cum.append(cum[-1] + node.flops)
     total = cum[-1] or 1
     frac = [c / total for c in cum]
-    targets = [j / k for j in range(1, k)]
     candidates = range(1, n)
     if strategy == "cheapest":
         # Fewest bytes first. Among cuts of equal size (every block boundary of a
         # residual stack), take the one farthest in FLOPs from those already kept,
         # so ties spread evenly instead of bunching (and never make empty segments).
-        off = {i: min(abs(frac[i] - t) for t in targets) for i in candidates}
-        dist = {i: min(frac[i], 1.0 - frac[i]) for i in candidates}
+        f = np.asarray(frac)
+        nearest = np.clip(np.rint(f * k), 1, k - 1) / k
+        off = np.abs(f - nearest)
+        dist = np.minimum(f, 1.0 - f)
         levels: dict[int, list[int]] = {}
         for i in candidates:
             levels.setdefault(cross[i], []).append(i)
         picked: list[int] = []
         for size in sorted(levels):
-            group = levels[size]
-            while group and len(picked) < k - 1:
-                best = max(group, key=lambda i: (dist[i], -off[i], -i))
-                group.remove(best)
+            group = np.array(levels[size])
+            while group.size and len(picked) < k - 1:
+                # lexsort: last key is primary -> max dist, then min off, then min index
+                best_pos = np.lexsort((group, off[group], -dist[group]))[0]
+                best = int(group[best_pos])
+                group = np.delete(group, best_pos)
                 picked.append(best)
-                for i in candidates:
-                    dist[i] = min(dist[i], abs(frac[i] - frac[best]))
+                np.minimum(dist, np.abs(f - f[best]), out=dist)
             if len(picked) >= k - 1:
                 break
         return sorted(picked)
     if strategy == "balanced":
         chosen: set[int] = set()
-        for t in targets:
+        for t in (j / k for j in range(1, k)):
             window = [i for i in candidates if abs(frac[i] - t) <= 0.5 / k and i not in chosen]
             if window:
                 chosen.add(min(window, key=lambda i: (cross[i], abs(frac[i] - t), i)))

@@ -195,6 +195,9 @@ def cross_bytes(ga: GraphAnalysis) -> list[int]:
     Entry 0 is the model input, entry n the model output; entry i (0<i<n) is the
     size of the cut after the first i nodes of the topological order.
     """
+    hit = ga.memo.get("cross")
+    if isinstance(hit, list):
+        return hit
     n = len(ga.nodes)
     diff = [0] * (n + 2)
     for name, b in ga.birth.items():
@@ -208,12 +211,16 @@ def cross_bytes(ga: GraphAnalysis) -> list[int]:
     for i in range(n + 1):
         acc += diff[i]
         out.append(acc)
+    ga.memo["cross"] = out
     return out
 
 
 def profile_model(src: ModelSource) -> ModelProfile:
     """Profile every node of a model (path, bytes, proto or GraphAnalysis)."""
     ga = analyze(src)
+    hit = ga.memo.get("profile")
+    if isinstance(hit, ModelProfile):
+        return hit
     cross = cross_bytes(ga)
     tensors, static = ga.tensors, ga.static
     params = set(ga.initializers) | {
@@ -250,7 +257,7 @@ def profile_model(src: ModelSource) -> ModelProfile:
             output_bytes=out_bytes, live_bytes=cross[i] + out_bytes,
             inputs=tuple(node.input), outputs=tuple(node.output),
         ))
-    return ModelProfile(
+    result = ModelProfile(
         model=ga.name,
         nodes=tuple(nodes),
         flops=sum(n.flops for n in nodes),
@@ -261,3 +268,5 @@ def profile_model(src: ModelSource) -> ModelProfile:
         output_bytes=sum(tensors[n].nbytes for n in ga.outputs),
         unknown_ops=tuple(unknown),
     )
+    ga.memo["profile"] = result
+    return result

@@ -108,7 +108,7 @@ def mlp_from_weights(weights: Sequence[np.ndarray], *, batch: int | None = 1,
     ``weights`` is ``[W1 (in,h), b1 (h), W2 (h,out), b2 (out)]`` or ``[W (in,out), b]``;
     ``batch=None`` gives a symbolic batch dimension ``N``.
     """
-    if len(weights) not in (2, 4) or len(weights) % 2:
+    if len(weights) not in (2, 4):
         raise ModelError(f"expected 2 or 4 weight arrays, got {len(weights)}")
     arrays = [np.asarray(w, dtype=np.float32) for w in weights]
     for i in range(0, len(arrays), 2):

@@ -9,6 +9,7 @@ warning, because it is slower and less proven.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .errors import LocalViolation
 from .topics import ROOT
@@ -87,6 +89,8 @@ class MosquittoBroker:
             "max_queued_messages 10000",
             "max_inflight_messages 100",
             "message_size_limit 0",
+            # without it each small broker->client write waits on Nagle + delayed ACK (~40 ms a hop)
+            "set_tcp_nodelay true",
             f"persistence {'true' if c.persistence else 'false'}",
             f"persistence_location {self.data_dir.resolve()}/",
             "autosave_interval 1",
@@ -111,8 +115,9 @@ class MosquittoBroker:
         else:
             lines.append("allow_anonymous true")
         if c.acl:
+            fogs, clouds = _identities(c.tls_dir)
             acl_path = self.data_dir / "acl"
-            acl_path.write_text(acl_text())
+            acl_path.write_text(acl_text(fogs, clouds))
             lines.append(f"acl_file {acl_path.resolve()}")
         self.conf_path.write_text("\n".join(lines) + "\n")
         return self.conf_path
@@ -160,22 +165,56 @@ class MosquittoBroker:
         self.stop()
 
 
-def acl_text() -> str:
+def _identities(tls_dir: Path | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Fog and cloud client ids recorded by ``runtime.pki.make_site_pki`` (none without TLS)."""
+    if tls_dir is None:
+        return (), ()
+    path = Path(tls_dir) / "identities.json"
+    if not path.exists():
+        return (), ()
+    try:
+        ids = json.loads(path.read_text())
+        return tuple(map(str, ids.get("fogs", ()))), tuple(map(str, ids.get("clouds", ())))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise LocalViolation(f"{path}: unreadable identities ({exc})") from None
+
+
+def acl_text(fog_ids: Sequence[str] = (), cloud_ids: Sequence[str] = ()) -> str:
     """Each device (certificate CN = username) may write only under its own subtree.
 
-    Fog brokers and coordinators get certificates whose CN starts with
-    ``fog-`` / ``cloud-`` and are listed explicitly by ``runtime.pki``; this
-    pattern section covers devices.
+    Fog brokers and coordinators are listed explicitly (``runtime.pki`` records
+    their ids): a fog broker owns its site's namespace, a coordinator reads fog
+    summaries and state, publishes releases and control requests, and reads its
+    replies. Devices get identity-scoped patterns; the two exceptions are the
+    unsigned data plane of docs/protocol.md (a hop forwards ``Activation`` to the
+    next device's ``ACT`` and the last hop answers on ``reply/{client}``), so a
+    device can never write another device's BIRTH/STATE/DEATH/ACK/CMD or any
+    ``fog/`` or ``cloud/`` topic.
     """
-    return "\n".join([
-        "# fog brokers and the coordinator (written by runtime.pki)",
-        "# devices: identity-scoped patterns",
+    lines = ["# fog brokers and the coordinator (ids from runtime.pki)"]
+    for fog in fog_ids:
+        lines += [f"user {fog}", f"topic readwrite {ROOT}/#", ""]
+    for cloud in cloud_ids:
+        lines += [f"user {cloud}",
+                  f"topic read {ROOT}/+/fog/STATE",
+                  f"topic read {ROOT}/+/fog/SUMMARY",
+                  f"topic readwrite {ROOT}/+/cloud/#",
+                  f"topic write {ROOT}/+/fog/CTL",
+                  f"topic write {ROOT}/+/fog/INFER",
+                  f"topic read {ROOT}/+/reply/{cloud}",
+                  ""]
+    lines += [
+        "# devices: identity-scoped patterns (patterns apply to every user)",
         f"pattern write {ROOT}/+/dev/%u/#",
         f"pattern read {ROOT}/+/dev/%u/#",
         f"pattern read {ROOT}/+/fog/#",
         f"pattern read {ROOT}/+/reply/%u",
+        "# data plane: forward activations to the next hop, answer the requester",
+        f"pattern write {ROOT}/+/dev/+/ACT",
+        f"pattern write {ROOT}/+/reply/+",
         "",
-    ])
+    ]
+    return "\n".join(lines)
 
 
 def start_broker(data_dir: Path, port: int = 0, *, allow_fallback: bool = True) -> "MosquittoBroker | object":

@@ -213,8 +213,8 @@ class MqttClient:
                     pass
         self._client.loop_stop()
         self._inbox.put(_STOP)
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout=5)
+        if threading.current_thread() is not self._worker and self._worker.ident is not None:
+            self._worker.join(timeout=5)  # (ident is None: never started, nothing to join)
 
     # ------------------------------------------------------------ publish
 

@@ -79,6 +79,8 @@ def parse(topic: str) -> ParsedTopic:
     parts = topic.split("/")
     if len(parts) < 5 or f"{parts[0]}/{parts[1]}" != ROOT:
         raise RemoteViolation(f"topic outside namespace: {topic[:80]!r}")
+    if any(not p or "+" in p or "#" in p or "\x00" in p for p in parts[2:]):
+        raise RemoteViolation(f"empty or wildcard topic level: {topic[:80]!r}")
     site, scope = parts[2], parts[3]
     if scope == "dev" and len(parts) == 6 and parts[5] in DEVICE_LEAVES:
         return ParsedTopic(site, scope, parts[4], parts[5])

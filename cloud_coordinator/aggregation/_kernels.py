@@ -50,6 +50,16 @@ def centered_gram(
     step = chunk_len(m)
     buf = np.empty((m, step))
     avg = np.full(n, 1.0 / n, dtype=x.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf: detected after the loop
+        _gram_loop(x, extra, rows, center_row, g, buf, avg, n, d, step)
+    if not np.isfinite(np.trace(g)):
+        raise NonFinite
+    return g
+
+
+def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
+               center_row: int | None, g: np.ndarray, buf: np.ndarray, avg: np.ndarray,
+               n: int, d: int, step: int) -> None:
     for s in range(0, d, step):
         e = min(d, s + step)
         b = buf[:, : e - s]
@@ -63,9 +73,6 @@ def centered_gram(
             b[n:] = extra[:, s:e]
         b -= c
         g += b @ b.T
-    if not np.isfinite(np.trace(g)):
-        raise NonFinite
-    return g
 
 
 def gram_to_sqdist(g: np.ndarray) -> np.ndarray:

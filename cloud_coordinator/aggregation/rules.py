@@ -239,7 +239,7 @@ def geometric_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | N
 
 def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
                             state: Mapping[str, Any] | None = None, tau: float | None = None,
-                            iters: int = 3) -> AggregateResult:
+                            iters: int = 3, quantile: float = 0.5) -> AggregateResult:
     """Core of ``centered_clipping`` (raises NonFinite; the guard handles it)."""
     n, d = x.shape
     check_f("centered_clipping", n, f, 2 * f + 1)
@@ -258,7 +258,7 @@ def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
     for _ in range(iters):
         r = np.sqrt(_affine_sqdist(g, alpha, n))
         if radius is None:
-            radius = float(np.median(r))
+            radius = float(np.quantile(r, quantile))
         lam = ww * np.minimum(1.0, radius / np.maximum(r, np.finfo(np.float64).tiny))
         if radius == 0.0:
             lam = np.zeros(n)
@@ -270,12 +270,13 @@ def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
 
 def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
                       state: Mapping[str, Any] | None = None, tau: float | None = None,
-                      iters: int = 3, reject_nonfinite: bool = False) -> AggregateResult:
+                      iters: int = 3, quantile: float = 0.5,
+                      reject_nonfinite: bool = False) -> AggregateResult:
     """Centred clipping (Karimireddy, He and Jaggi 2021), started from last round's result.
 
     v <- v + sum_i w_i clip_tau(x_i - v), ``iters`` times, from the previous
     aggregate (``state["v"]``; zero in round one). When ``tau`` is None the radius
-    is the median distance of the updates from the starting point, so honest
+    is the ``quantile`` (default median) of the updates' distances from the starting point, so honest
     updates pass mostly unclipped while each Byzantine update moves v by at most
     w_i * tau per iteration. All iterations run on the Gram matrix of [x; v0].
     """
@@ -284,7 +285,12 @@ def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | 
         raise AggregationError(f"centered_clipping: iters must be >= 1, got {iters}")
     if tau is not None and not (np.isfinite(tau) and tau > 0):
         raise AggregationError(f"centered_clipping: tau must be positive, got {tau}")
-    return guarded(lambda x, w: _centered_clipping_core(x, w, f=f, state=state, tau=tau, iters=iters), x, weights, reject_nonfinite)
+    if not 0.0 < quantile <= 1.0:
+        raise AggregationError(f"centered_clipping: quantile must be in (0, 1], got {quantile}")
+    return guarded(
+        lambda x, w: _centered_clipping_core(x, w, f=f, state=state, tau=tau, iters=iters,
+                                             quantile=quantile),
+        x, weights, reject_nonfinite)
 
 
 # Unguarded cores by registry name: the registry's own guard sees NonFinite from

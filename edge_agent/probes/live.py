@@ -129,6 +129,7 @@ def _capacity_wh(root: Path) -> float | None:
 
 def _psutil_battery() -> object | None:
     try:
-        return psutil.sensors_battery()
+        battery_info: object | None = psutil.sensors_battery()
+        return battery_info
     except (AttributeError, NotImplementedError, OSError):
         return None

@@ -231,6 +231,7 @@ class Controller:
             return []  # an ack of an undeploy, of a superseded attempt, or of a forged id
         if ok:
             self._mark_running(a, now)
+            self._update_status()
             return []
         self.counters["nacks"] += 1
         a.reason = f"NACK from {device_id}: {reason}"
@@ -263,6 +264,7 @@ class Controller:
         for a in self.assignments.values():
             if a.phase is not Phase.LOST and a.device not in alive:
                 a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
+        self._expire(now)
         out.extend(self._repair(fleet, now))
         if self._need_plan or (now - self._last_plan >= self.config.replan_interval_s
                                and any(e.status == "pending" for e in self.workloads.values())):
@@ -332,10 +334,14 @@ class Controller:
         return f"{self.prefix}-{self._seq}"
 
     def _all_confirmed_or_heard(self, fleet: Fleet, reported: Mapping[str, Sequence[PartitionStatus]]) -> bool:
+        """Every device a stored assignment names, and every source and sink, has reported."""
         for a in self.assignments.values():
             if a.phase is Phase.UNCONFIRMED and a.device not in reported:
                 return False
-        return bool(self.assignments) or bool(reported) or not self.workloads
+        for e in self.workloads.values():
+            if e.spec.source not in reported or e.spec.sink not in reported:
+                return False
+        return True
 
     def _mark_running(self, a: Assignment, now: float) -> None:
         if a.phase is Phase.RUNNING:
@@ -540,10 +546,14 @@ class Controller:
             if res.placed:
                 entry.replicas = res.replicas
                 out.extend(self._apply(entry, res.replicas, now, lost_at))
-            else:
+            elif res.name in plan.evicted or not self._serving(res.name):
                 entry.replicas = ()
                 out.extend(self._drop_assignments(res.name))
+            # else: it serves but could not be planned now (e.g. its source is away): keep it running
         return out
+
+    def _serving(self, name: str) -> bool:
+        return bool(self.chains(name))
 
     def _drop_assignments(self, name: str) -> list[Command]:
         out: list[Command] = []
@@ -583,13 +593,16 @@ class Controller:
             out.append(Persist(name))
         return out
 
-    def _send_due(self, now: float) -> list[Command]:
-        out: list[Command] = []
-        for a in sorted(self.assignments.values(), key=lambda a: a.key):
+    def _expire(self, now: float) -> None:
+        for a in self.assignments.values():
             if a.phase is Phase.DEPLOYING and now >= a.deadline:
                 a.reason = f"no ack from {a.device} within {self.config.ack_timeout_s:g} s"
                 self._by_command.pop(a.command_id, None)
                 self._retry_or_move(a, now)
+
+    def _send_due(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        for a in sorted(self.assignments.values(), key=lambda a: a.key):
             if a.phase is Phase.PENDING and now >= a.next_try:
                 a.phase = Phase.DEPLOYING
                 a.command_id = self._cmd_id()

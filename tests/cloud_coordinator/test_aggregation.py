@@ -197,10 +197,10 @@ def test_distances_exact_on_near_identical_updates(base_scale: float, noise: flo
     x = (base + rng.standard_normal((12, 4000)) * noise).astype(dtype)
     want = agg.direct_sq_distances(x)
     assert _max_rel(agg.pairwise_sq_distances(x), want) < 1e-6
-    # Sanity: the textbook Gram formula on these rows really is inaccurate.
-    x64 = x.astype(np.float64)
-    sq = np.einsum("ij,ij->i", x64, x64)
-    naive = sq[:, None] + sq[None, :] - 2 * x64 @ x64.T
+    # Sanity: the textbook Gram formula in the input precision (what Flower does)
+    # really is inaccurate on these rows.
+    sq = np.einsum("ij,ij->i", x, x)
+    naive = (sq[:, None] + sq[None, :] - 2 * x @ x.T).astype(np.float64)
     assert _max_rel(naive, want) > 1e-6
 
 
@@ -369,3 +369,15 @@ def test_core_modules_import_no_io_clock_or_global_randomness() -> None:
                 names = [node.module]
             for nm in names:
                 assert nm.split(".")[0] not in FORBIDDEN, f"{path.name} imports {nm}"
+
+
+def test_centered_clipping_quantile_option() -> None:
+    x = np.random.default_rng(3).standard_normal((9, 20))
+    with pytest.raises(agg.AggregationError, match="quantile"):
+        agg.centered_clipping(x, quantile=0.0)
+    lo = agg.get_rule("centered_clipping", 1, quantile=0.25).aggregate(x).update
+    hi = agg.get_rule("centered_clipping", 1, quantile=1.0).aggregate(x).update
+    # quantile 1 clips nobody in the first iteration: one iteration from 0 is the mean.
+    one = agg.centered_clipping(x, quantile=1.0, iters=1).update
+    np.testing.assert_allclose(one, x.mean(axis=0), rtol=1e-12)
+    assert np.linalg.norm(lo) <= np.linalg.norm(hi) + 1e-12

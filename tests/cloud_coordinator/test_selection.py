@@ -65,3 +65,39 @@ def test_policy_validation() -> None:
         SelectionPolicy(battery_floor=2.0)
     with pytest.raises(LocalViolation):
         SelectionPolicy(max_clients=0)
+
+
+@pytest.mark.parametrize("module", ["policy", "selection", "rounds"])
+def test_cores_import_no_io(module: str) -> None:
+    """Pure cores: no flwr, paho, threading, time, random, socket (time and rng are parameters)."""
+    import ast
+    from pathlib import Path
+
+    import cloud_coordinator
+
+    src = (Path(cloud_coordinator.__file__).parent / f"{module}.py").read_text()
+    names = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    assert not names & {"flwr", "paho", "threading", "time", "random", "socket", "subprocess", "os"}
+
+
+def test_summaries_handoff_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The shell's MQTT bridge writes summary frames; the ServerApp reads them (bad files skipped)."""
+    from cloud_coordinator.flower_server import _summaries
+    from cloud_coordinator.summaries import accept
+    from runtime import codec
+    from runtime.security import Identity, Signer
+
+    s = _fleet(DeviceSummary("a", True, flwr_node_id=5))
+    assert accept(codec.encode(s)) == s
+    env = Signer(Identity.from_seed("fog-a", b"k"), epoch=1).seal_bytes(s, 100.0)
+    assert accept(env) == s
+    assert accept(b"garbage") is None
+    (tmp_path / "fog-a.summary").write_bytes(codec.encode(s))
+    (tmp_path / "fog-b.summary").write_bytes(b"truncated")
+    assert _summaries(tmp_path) == [s]
+    assert _summaries(tmp_path / "missing") == []

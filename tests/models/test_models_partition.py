@@ -63,7 +63,7 @@ def test_default_chain_profile_partitions(name: str, bytes_runner, make_input,
         assert sum(t.nbytes for t in part.outputs) == seg.out_bytes
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), name=st.sampled_from(zoo.NAMES))
 def test_random_cut_sets(data, name: str, bytes_runner, make_input, chain_runner) -> None:
     p, feeds, ref = _setup(name, bytes_runner, make_input)
@@ -178,3 +178,32 @@ def test_signed_partitions_verify() -> None:
         security.verify_artifact(ident.public_key_bytes, x.onnx_bytes, restored)
         with pytest.raises(RemoteViolation):
             security.verify_artifact(ident.public_key_bytes, x.onnx_bytes + b"\0", x.signature)
+
+
+def _two_io_model():
+    """Two inputs (one only read at the end) and two outputs (one produced early)."""
+    from onnx import TensorProto, helper
+
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])  # noqa: E731
+    nodes = [
+        helper.make_node("Relu", ["x"], ["early"]),
+        helper.make_node("Neg", ["early"], ["h1"]),
+        helper.make_node("Exp", ["h1"], ["h2"]),
+        helper.make_node("Add", ["h2", "late"], ["final"]),
+    ]
+    g = helper.make_graph(nodes, "two_io", [vi("x"), vi("late")], [vi("early"), vi("final")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("cuts", [[1], [2], [3], [1, 2, 3], [1, 3]])
+def test_early_outputs_and_late_inputs_are_carried(cuts, bytes_runner, chain_runner) -> None:
+    model = _two_io_model()
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.normal(size=(2, 3)).astype(np.float32) for n in ("x", "late")}
+    ref = bytes_runner(model.SerializeToString(), feeds)
+    parts = split(model, cuts)
+    env = chain_runner(parts, feeds)
+    for k in ("early", "final"):
+        assert np.abs(env[k] - ref[k]).max() <= TOL
+    assert set(parts[-1].output_names) == {"early", "final"}
+    assert all("late" in p.input_names for p in parts)  # forwarded until it is read

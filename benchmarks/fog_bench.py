@@ -1,0 +1,349 @@
+"""Fog broker benchmark: advert ingest with signature checks, and failure -> replacement running.
+
+Run: ``python -m benchmarks.fog_bench [--quick]`` (or ``fogline bench fog``). Prints JSON on
+stdout, writes ``out/bench/fog.json``, a human summary on stderr. Baselines come from the same run:
+
+* ingest: single-thread CPU cost of decode-only vs verified (``Verifier.open``) state adverts;
+  then through mosquitto: a counting subscriber (the transport ceiling) vs the fog broker
+  verifying and ingesting adverts from N simulated agents (pre-signed states, 1,000 identities).
+* failover: real edge agents (in this process) under a live fog broker; the agent running a
+  partition is crashed (socket dropped, the broker publishes its Will) repeatedly; we time
+  kill -> detection -> replacement running, against the plain deploy latency (send -> ack).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PUBLISHER = r"""
+import sys, time, msgpack
+from runtime.mqtt import MqttClient
+port, path, conns = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+frames = msgpack.unpackb(open(path, "rb").read())
+clients = [MqttClient(f"bench-pub-{i}-{time.time_ns()}", "127.0.0.1", port, max_queued=1_000_000) for i in range(conns)]
+for c in clients: c.start()
+for c in clients: assert c.wait_connected(10)
+t0 = time.monotonic()
+last = None
+for i, (topic, payload) in enumerate(frames):
+    last = clients[i % conns].publish(topic, payload, qos=1)
+last.wait(60)
+print(time.monotonic() - t0, flush=True)
+time.sleep(0.5)
+for c in clients: c.stop()
+"""
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def _identities(n: int) -> list[Any]:
+    from runtime.security import Identity
+    return [Identity.from_seed(f"dev{i:05d}", f"bench-{i}".encode()) for i in range(n)]
+
+
+def _frames(site: str, ids: list[Any], states: int, epoch: int, with_births: bool) -> tuple[list, list]:
+    """(births, states) as [topic, bytes] lists, signed now."""
+    from runtime.messages import DeviceBirth, DeviceState, PartitionStatus
+    from runtime.security import Signer
+    from runtime.topics import Topics
+    t = Topics(site)
+    now = time.time()
+    births, st = [], []
+    signers = [Signer(i, epoch) for i in ids]
+    part = (PartitionStatus("w", 1, 0, 0, "a" * 64, "running"),)
+    for s in signers:
+        name = s.identity.name
+        if with_births:
+            b = DeviceBirth(name, epoch, 0, site, s.identity.public_key_bytes, 5e9, 1_000_000_000, 1e8, 1e8,
+                            0.001, 5.0, 2.0, state_interval_s=1000.0, simulated=True)
+            births.append([t.device(name, "BIRTH"), s.seal_bytes(b, now)])
+    for k in range(states):
+        for s in signers:
+            name = s.identity.name
+            m = DeviceState(name, epoch, k + 1, 900_000_000, 0.8, cpu_load=0.1, partitions=part)
+            st.append([t.device(name, "STATE"), s.seal_bytes(m, now)])
+    return births, st
+
+
+def _publish(port: int, frames: list, tmp: Path, conns: int) -> float:
+    import msgpack
+    path = tmp / f"frames-{time.time_ns()}.bin"
+    path.write_bytes(msgpack.packb(frames, use_bin_type=True))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", PUBLISHER, str(port), str(path), str(conns)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return float(out.stdout.strip().splitlines()[0])
+
+
+def _wait(pred: Any, timeout: float, step: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+# ---------------------------------------------------------------- ingest
+
+
+def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
+    from fog_broker.registry import Registry
+    from runtime import codec
+    from runtime.security import TrustStore, Verifier
+    ids = _identities(n_ids)
+    births, states = _frames("bench", ids, per, 1, True)
+    out: dict[str, Any] = {"adverts": len(states)}
+    for mode in ("decode_only", "verified"):
+        reg = Registry()
+        ver = Verifier(TrustStore({i.name: i.public_key_bytes for i in ids}))
+        for _, b in births:
+            env = codec.decode(b)
+            reg.handle(codec.decode(env.payload), 0.0)  # type: ignore[arg-type]
+        now = time.time()
+        t0 = time.perf_counter()
+        for _, b in states:
+            if mode == "verified":
+                _, msg = ver.open(b, now)
+            else:
+                env = codec.decode(b)
+                msg = codec.decode(env.payload)  # type: ignore[attr-defined]
+            reg.handle(msg, 1.0)  # type: ignore[arg-type]
+        dt = time.perf_counter() - t0
+        out[f"{mode}_per_s"] = round(len(states) / dt)
+        out[f"{mode}_us"] = round(dt / len(states) * 1e6, 1)
+    return out
+
+
+def bench_ingest(n_ids: int, per: int, conns: int, workers: Sequence[int], tmp: Path) -> dict[str, Any]:
+    from fog_broker.service import FogService, ServiceConfig
+    from runtime.broker import BrokerConfig, MosquittoBroker
+    from runtime.mqtt import MqttClient
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-ingest", port=0, persistence=False)).start()
+    res: dict[str, Any] = {"agents": n_ids, "states_per_agent": per, "publisher_connections": conns}
+    try:
+        ids = _identities(n_ids)
+        # transport ceiling: a subscriber that only counts
+        _, states = _frames("base", ids, per, 1, False)
+        got = [0, 0.0, 0.0]
+
+        def count(m: Any) -> None:
+            if got[0] == 0:
+                got[1] = time.monotonic()
+            got[0] += 1
+            got[2] = time.monotonic()
+        sub = MqttClient("bench-counter", "127.0.0.1", b.port, inbox_size=1_000_000)
+        sub.subscribe("fogline/v1/base/dev/+/STATE", count)
+        sub.start()
+        sub.wait_connected(10)
+        time.sleep(0.2)
+        pub_s = _publish(b.port, states, tmp, conns)
+        _wait(lambda: got[0] >= len(states), 60, 0.02)
+        sub.stop()
+        res["transport_only"] = {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
+                                 "publisher_per_s": round(len(states) / pub_s)}
+        for w in workers:
+            site = f"ing{w}"
+            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{w}", site=site, mqtt_port=b.port,
+                                           state_interval_s=1000.0, verify_workers=w,
+                                           summary_interval_s=1000.0)).start()
+            try:
+                births, states = _frames(site, ids, per, 1, True)
+                _publish(b.port, births, tmp, conns)
+                _wait(lambda: svc.counters["in:BIRTH"] >= n_ids, 120, 0.05)
+                base = svc.counters["in:STATE"]
+                marks: list[tuple[float, int]] = []
+                stop = threading.Event()
+
+                def sample() -> None:
+                    while not stop.is_set():
+                        marks.append((time.monotonic(), svc.counters["in:STATE"] - base))
+                        time.sleep(0.01)
+                th = threading.Thread(target=sample, daemon=True)
+                th.start()
+                pub_s = _publish(b.port, states, tmp, conns)
+                _wait(lambda: svc.counters["in:STATE"] - base >= len(states), 120, 0.02)
+                processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
+                stop.set()
+                th.join()
+                first = next((t for t, n in marks if n > 0), marks[0][0])
+                last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
+                n = svc.counters["in:STATE"] - base
+                res[f"fog_verified_workers{w}"] = {
+                    "verified": n, "per_s": round(n / max(last - first, 1e-9)),
+                    "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
+                    "rejected": dict(svc.rejections()),
+                    "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
+                }
+            finally:
+                svc.stop()
+    finally:
+        b.stop()
+    return res
+
+
+# ---------------------------------------------------------------- failover
+
+
+def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
+    import onnxruntime  # noqa: F401 - imported before agents start (a first import stalls them)
+
+    from edge_agent.agent import AgentConfig
+    from edge_agent.runner import make_agent
+    from fog_broker.client import FogClient
+    from fog_broker.service import FogService, ServiceConfig
+    from runtime.broker import BrokerConfig, MosquittoBroker
+    from simulations.profiles import DeviceProfile
+    os.environ.setdefault("FOGLINE_OPERATOR_KEY", str(tmp / "operator.key"))
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-fail", port=0, persistence=False)).start()
+    site = "fail"
+    svc = FogService(ServiceConfig(data_dir=tmp / "fog-fail", site=site, mqtt_port=b.port, state_interval_s=1.0,
+                                   summary_interval_s=5.0)).start()
+    agents: dict[str, Any] = {}
+
+    def start_agent(dev_id: str, memory: int, labels: dict[str, str], flops: float = 5e9) -> None:
+        prof = DeviceProfile(dev_id, flops=flops, memory_bytes=memory, uplink_bps=1e8, downlink_bps=1e8,
+                             rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0, labels=labels)
+        cfg = AgentConfig(device_id=dev_id, data_dir=tmp / "agents" / dev_id, host="127.0.0.1", port=b.port,
+                          site=site, labels=labels, state_interval_s=1.0, keepalive=5, intra_op_threads=1,
+                          status_file=False)
+        agents[dev_id] = make_agent(cfg, profile=prof).start()
+
+    res: dict[str, Any] = {"workers": workers, "kills": kills}
+    try:
+        start_agent("cam", 1000, {"role": "source"}, 1e8)
+        for i in range(workers):
+            start_agent(f"w{i}", 700_000, {"role": "worker", "power-domain": f"pd{i}"})
+        want = {"cam", *(f"w{i}" for i in range(workers))}
+        _wait(lambda: set(svc.call(svc.registry.alive_ids)) >= want, 60, 0.05)
+        c = FogClient("127.0.0.1", b.port, site=site)
+        # plain deploys (baseline): one fresh workload at a time, send -> ack
+        for k in range(3):
+            c.deploy({"name": f"plain{k}", "model": "zoo:resnet", "source": "cam", "sink": "cam",
+                      "selectors": {"role": "worker"}})
+            c.wait_running(f"plain{k}", 30)
+        c.delete("plain0"), c.delete("plain1"), c.delete("plain2")
+        plain = list(svc.controller.deploy_latencies)
+        c.deploy({"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam",
+                  "selectors": {"role": "worker"}})
+        c.wait_running("res", 30)
+        total, detect, recover = [], [], []
+        for k in range(kills):
+            def host() -> str:
+                return svc.call(lambda: [a.device for a in svc.controller.assignments_of("res")])[0]
+            victim = host()
+            n_rec = len(svc.controller.recoveries)
+            t_kill = time.monotonic()
+            agents[victim].stop(crash=True)
+
+            def running_elsewhere() -> bool:
+                return bool(svc.call(lambda: [a for a in svc.controller.assignments_of("res")
+                                             if a.device != victim and a.phase.value == "running"]))
+            if not _wait(running_elsewhere, 20, 0.002):
+                res.setdefault("failed_kills", 0)
+                res["failed_kills"] += 1
+                continue
+            t_run = time.monotonic()
+            rec = svc.controller.recoveries[n_rec:]
+            total.append(t_run - t_kill)
+            if rec:
+                recover.append(rec[0])
+                detect.append(max(0.0, (t_run - t_kill) - rec[0]))
+            start_agent(victim, 700_000, {"role": "worker", "power-domain": f"pd{victim[1:]}"})
+            _wait(lambda: victim in svc.call(svc.registry.alive_ids), 30, 0.02)
+            time.sleep(0.3)
+        c.close()
+
+        def summary(xs: list[float]) -> dict[str, float]:
+            return {"n": len(xs), "p50_s": round(pct(xs, 0.5), 4), "p99_s": round(pct(xs, 0.99), 4),
+                    "max_s": round(max(xs), 4) if xs else float("nan")}
+        res["plain_deploy_send_to_running"] = summary(plain)
+        res["kill_to_replacement_running"] = summary(total)
+        res["detection_to_replacement_running"] = summary(recover)
+        res["kill_to_detection_est"] = summary(detect)
+    finally:
+        for a in agents.values():
+            try:
+                a.stop(timeout=1.0)
+            except Exception:  # noqa: BLE001
+                pass
+        svc.stop()
+        b.stop()
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fog_bench")
+    ap.add_argument("--quick", action="store_true", help="smaller run (~30 s)")
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--states", type=int, default=10, help="state adverts per agent")
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=6, help="worker agents in the failover fleet")
+    ap.add_argument("--connections", type=int, default=4, help="publisher MQTT connections")
+    ap.add_argument("--skip", choices=("ingest", "failover"), action="append", default=[])
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.ERROR)
+    if args.quick:
+        args.states, args.kills = min(args.states, 5), min(args.kills, 8)
+    out: dict[str, Any] = {"benchmark": "fog", "quick": args.quick, "cpu_count": os.cpu_count(),
+                           "loadavg_at_start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="fog-bench-") as d:
+        tmp = Path(d)
+        if "ingest" not in args.skip:
+            out["ingest_cpu_single_thread"] = bench_cpu(200, 10)
+            out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections, (1, 2), tmp)
+        if "failover" not in args.skip:
+            out["failover"] = bench_failover(args.kills, args.workers, tmp)
+    text = json.dumps(out, indent=1)
+    print(text)
+    dest = ROOT / "out" / "bench"
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "fog.json").write_text(text + "\n")
+    _human(out)
+    return 0
+
+
+def _human(out: dict[str, Any]) -> None:
+    lines = []
+    cpu = out.get("ingest_cpu_single_thread")
+    if cpu:
+        lines.append(f"ingest (1 thread, CPU): decode-only {cpu['decode_only_per_s']}/s, "
+                     f"verified {cpu['verified_per_s']}/s")
+    ing = out.get("ingest_mqtt")
+    if ing:
+        lines.append(f"ingest via mosquitto ({ing['agents']} agents): transport only "
+                     f"{ing['transport_only']['per_s']}/s; " + ", ".join(
+                         f"{k.split('_')[-1]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_verified")))
+    fo = out.get("failover")
+    if fo and "kill_to_replacement_running" in fo:
+        k, r, p = fo["kill_to_replacement_running"], fo["detection_to_replacement_running"], \
+            fo["plain_deploy_send_to_running"]
+        lines.append(f"failover: kill->running p50 {k['p50_s']} s p99 {k['p99_s']} s; detection->running p50 "
+                     f"{r['p50_s']} s p99 {r['p99_s']} s; plain deploy p50 {p['p50_s']} s")
+    print("\n".join(lines), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

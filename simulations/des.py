@@ -1,0 +1,304 @@
+"""Discrete-event fleet simulation over the real pure cores.
+
+The fog broker's registry, scheduler and controller run here exactly as in
+the ``fogline broker`` process; only MQTT and the devices are replaced by
+events on a heap. Time is simulated (seconds), randomness comes from one
+seeded ``random.Random``, so a run is deterministic for a seed and fleets of
+10,000 devices run much faster than real time.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from fog_broker.controller import Controller, ControllerConfig, DeployPartition, UndeployPartition
+from fog_broker.placement import Workload, schedule
+from fog_broker.registry import DeviceLost, Registry, RegistryConfig
+from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionStatus
+
+from .churn import Battery, FailureModel, drain, next_failure
+from .profiles import PROFILES, DeviceProfile
+
+__all__ = ["SimDevice", "SimConfig", "SimResult", "FleetSim", "make_fleet"]
+
+_KEY = b"\x00" * 32  # the simulation does not sign: identities are not under test here
+
+
+@dataclass(slots=True)
+class SimDevice:
+    device_id: str
+    profile: DeviceProfile
+    labels: dict[str, str]
+    alive: bool = True
+    epoch: int = 0
+    battery: Battery | None = None
+    partitions: dict[tuple[str, int, int, int], PartitionStatus] = field(default_factory=dict)
+    state: DeviceState | None = None  # cached until something changes (adverts are hot)
+    seq: int = 0
+
+    def birth(self) -> DeviceBirth:
+        p = self.profile
+        self.seq += 1
+        return DeviceBirth(
+            device_id=self.device_id, epoch=self.epoch, seq=self.seq, site=self.labels.get("site", "sim"),
+            public_key=_KEY, flops=p.flops, memory_bytes=p.memory_bytes, uplink_bps=p.uplink_bps,
+            downlink_bps=p.downlink_bps, rtt_s=p.rtt_s, power_active_w=p.power_active_w,
+            power_idle_w=p.power_idle_w, tx_j_per_byte=p.tx_j_per_byte, rx_j_per_byte=p.rx_j_per_byte,
+            battery_capacity_wh=p.battery_capacity_wh, labels=dict(self.labels), simulated=True)
+
+    def state_advert(self, used_bytes: float) -> DeviceState:
+        if self.state is None or self.state.epoch != self.epoch:
+            self.seq += 1
+            self.state = DeviceState(
+                device_id=self.device_id, epoch=self.epoch, seq=self.seq,
+                free_memory_bytes=max(0, int(self.profile.memory_bytes - used_bytes)),
+                battery_level=self.battery.level if self.battery else None,
+                charging=self.battery.charging if self.battery else False,
+                partitions=tuple(self.partitions.values()))
+        return self.state
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    duration_s: float = 3600.0
+    state_interval_s: float = 10.0
+    deploy_delay_s: float = 0.2        # send -> ack (artifact transfer + session load)
+    will_delay_s: float = 0.05         # crash -> the broker publishes the Will
+    hang_fraction: float = 0.0         # share of failures that hang (detected by deadline only)
+    failure: FailureModel | None = None
+    battery_interval_s: float = 60.0   # how often batteries are updated
+    seed: int = 0
+
+
+@dataclass
+class SimResult:
+    sim_s: float
+    wall_s: float
+    events: int
+    adverts: int
+    crashes: int
+    recoveries_s: list[float]
+    deploy_latencies_s: list[float]
+    schedule_calls: int
+    schedule_wall_s: list[float]
+    workload_status: dict[str, str]
+    availability: dict[str, float]
+    counters: dict[str, int]
+
+    def summary(self) -> dict[str, Any]:
+        def pct(xs: Sequence[float], q: float) -> float | None:
+            if not xs:
+                return None
+            s = sorted(xs)
+            return s[min(len(s) - 1, int(q * len(s)))]
+
+        return {
+            "sim_hours": round(self.sim_s / 3600, 3), "wall_s": round(self.wall_s, 3),
+            "sim_hours_per_wall_s": round(self.sim_s / 3600 / self.wall_s, 3) if self.wall_s else None,
+            "events": self.events, "adverts": self.adverts, "crashes": self.crashes,
+            "recovery_p50_s": pct(self.recoveries_s, 0.5), "recovery_p99_s": pct(self.recoveries_s, 0.99),
+            "schedule_calls": self.schedule_calls,
+            "schedule_p50_ms": (pct(self.schedule_wall_s, 0.5) or 0) * 1e3,
+            "schedule_p99_ms": (pct(self.schedule_wall_s, 0.99) or 0) * 1e3,
+            "availability": {k: round(v, 5) for k, v in self.availability.items()},
+            "workload_status": self.workload_status, "counters": self.counters,
+        }
+
+
+def make_fleet(n: int, rng: random.Random, mix: dict[str, float] | None = None,
+               power_domains: int = 8, zones: int = 4) -> list[SimDevice]:
+    """``n`` devices drawn from profiles with the given mix, spread over power domains."""
+    mix = mix or {"pi4": 0.35, "pi5": 0.3, "orin-nano": 0.1, "jetson-nano": 0.1, "x86-gateway": 0.05,
+                  "camera": 0.1}
+    names = [k for k in mix if k in PROFILES]
+    weights = [mix[k] for k in names]
+    out = []
+    for i in range(n):
+        prof = PROFILES[rng.choices(names, weights)[0]]
+        labels = {**prof.labels, "power-domain": f"pd-{i % power_domains}", "zone": f"z-{i % zones}",
+                  "site": "sim"}
+        battery = Battery(prof.battery_capacity_wh, prof.battery_level) if prof.battery_capacity_wh else None
+        out.append(SimDevice(f"dev-{i:05d}", prof, labels, battery=battery))
+    return out
+
+
+class FleetSim:
+    """Events on a heap; the registry and controller see what a fog broker would."""
+
+    def __init__(self, devices: list[SimDevice], workloads: Sequence[Workload], config: SimConfig,
+                 *, clock: Callable[[], float]) -> None:
+        self.devices = {d.device_id: d for d in devices}
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.registry = Registry(RegistryConfig(default_interval_s=config.state_interval_s))
+        self._clock = clock  # wall clock, only to measure the cores (never read by them)
+        self.schedule_wall: list[float] = []
+        self.controller = Controller(self._timed_schedule, ControllerConfig(startup_wait_s=0.0))
+        self.workloads = list(workloads)
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()
+        self.events = self.adverts = self.crashes = 0
+        self._up_since: dict[str, float] = {}
+        self._up_total: dict[str, float] = {w.name: 0.0 for w in workloads}
+        self._last_avail_t = 0.0
+
+    def _timed_schedule(self, *args: Any, **kw: Any) -> Any:
+        t0 = self._clock()
+        plan = schedule(*args, **kw)
+        self.schedule_wall.append(self._clock() - t0)
+        return plan
+
+    def _push(self, t: float, kind: str, payload: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    # ------------------------------------------------------------ device side
+
+    def _used(self, dev: SimDevice) -> float:
+        total = 0.0
+        for key in dev.partitions:
+            entry = self.controller.workloads.get(key[0])
+            a = self.controller.assignments.get(key)
+            if entry is not None and entry.spec.profile is not None and a is not None:
+                total += entry.spec.profile.memory_of(a.first, a.last)
+        return total
+
+    def _apply(self, cmds: Sequence[Any], now: float) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, DeployPartition):
+                self._push(now + self.config.deploy_delay_s, "deploy", cmd)
+            elif isinstance(cmd, UndeployPartition):
+                dev = self.devices.get(cmd.device)
+                if dev is not None:
+                    if dev.partitions.pop((cmd.workload, cmd.version, cmd.replica, cmd.index), None):
+                        dev.state = None
+
+    def _advert(self, dev: SimDevice, now: float) -> None:
+        self.adverts += 1
+        self.registry.handle(dev.state_advert(self._used(dev)), now)
+
+    # ------------------------------------------------------------ run
+
+    def _track_availability(self, now: float) -> None:
+        dt = now - self._last_avail_t
+        if dt > 0:
+            for w in self.workloads:
+                if self.controller.chains(w.name):
+                    self._up_total[w.name] += dt
+        self._last_avail_t = now
+
+    def _reconcile(self, now: float) -> None:
+        fleet = self.registry.fleet(self.controller.reserved(self.registry.reported()))
+        self._apply(self.controller.reconcile(fleet, self.registry.reported(), now), now)
+
+    def run(self) -> SimResult:
+        cfg = self.config
+        wall0 = self._clock()
+        for dev in self.devices.values():
+            self.registry.handle(dev.birth(), 0.0)
+            if cfg.failure is not None:
+                down, _ = next_failure(cfg.failure, 0.0, self.rng)
+                if down < cfg.duration_s:
+                    self._push(down, "crash", dev.device_id)
+        for w in self.workloads:
+            self.controller.set_workload(w, 1)
+        token = 0
+        self._push(0.0, "reconcile", token)
+        self._push(cfg.state_interval_s, "adverts")
+        self._push(cfg.battery_interval_s, "battery")
+        now = 0.0
+        while self._heap:
+            now, _, kind, payload = heapq.heappop(self._heap)
+            if now > cfg.duration_s:
+                now = cfg.duration_s
+                break
+            self.events += 1
+            self._track_availability(now)
+            if kind == "adverts":
+                for dev in self.devices.values():
+                    if dev.alive:
+                        self._advert(dev, now)
+                for cmd in self.registry.tick(now):
+                    if isinstance(cmd, DeviceLost):
+                        self.controller.device_lost(cmd.device_id, now)
+                self._push(now + cfg.state_interval_s, "adverts")
+            elif kind == "deploy":
+                cmd = payload
+                dev = self.devices.get(cmd.device)
+                if dev is None or not dev.alive:
+                    continue  # lost with the device: the controller's ack deadline handles it
+                key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
+                dev.partitions[key] = PartitionStatus(cmd.workload, cmd.version, cmd.replica, cmd.index,
+                                                      "0" * 64, "running")
+                dev.state = None
+                self._apply(self.controller.ack(cmd.command_id, dev.device_id, True, "", now), now)
+                self._advert(dev, now)  # a partition set change is a significant change
+            elif kind == "crash":
+                self._crash(self.devices[payload], now)
+            elif kind == "will":
+                dev_id, epoch = payload
+                for cmd in self.registry.handle(DeviceDeath(dev_id, epoch), now):
+                    if isinstance(cmd, DeviceLost):
+                        self.controller.device_lost(cmd.device_id, now)
+            elif kind == "recover":
+                self._recover(self.devices[payload], now)
+            elif kind == "battery":
+                self._batteries(now)
+                self._push(now + cfg.battery_interval_s, "battery")
+            if kind == "reconcile" and payload != token:
+                continue  # superseded by a later schedule
+            # reconcile after every event, as the broker's owner thread does after each inbox item
+            self._reconcile(now)
+            deadline = min(self.controller.next_deadline(), now + self.controller.config.replan_interval_s)
+            token += 1
+            self._push(max(deadline, now + 0.01), "reconcile", token)
+        self._track_availability(now)
+        wall = self._clock() - wall0
+        return SimResult(
+            sim_s=now, wall_s=wall, events=self.events, adverts=self.adverts, crashes=self.crashes,
+            recoveries_s=list(self.controller.recoveries),
+            deploy_latencies_s=list(self.controller.deploy_latencies),
+            schedule_calls=len(self.schedule_wall), schedule_wall_s=list(self.schedule_wall),
+            workload_status={n: e.status for n, e in self.controller.workloads.items()},
+            availability={w: (t / now if now else 0.0) for w, t in self._up_total.items()},
+            counters=dict(self.controller.counters))
+
+    def _crash(self, dev: SimDevice, now: float) -> None:
+        if not dev.alive:
+            return
+        self.crashes += 1
+        dev.alive = False
+        dev.partitions.clear()
+        dev.state = None
+        if self.rng.random() >= self.config.hang_fraction:
+            self._push(now + self.config.will_delay_s, "will", (dev.device_id, dev.epoch))
+        if self.config.failure is not None:
+            self._push(now + self.rng.expovariate(1.0 / self.config.failure.mttr_s), "recover", dev.device_id)
+
+    def _recover(self, dev: SimDevice, now: float) -> None:
+        dev.alive = True
+        dev.epoch += 1
+        dev.state = None
+        if dev.battery is not None and dev.battery.dead:
+            dev.battery = Battery(dev.battery.capacity_wh, 0.5, dev.battery.charge_w)
+        self.registry.handle(dev.birth(), now)
+        self.controller.device_joined(dev.device_id)
+        if self.config.failure is not None:
+            down, _ = next_failure(self.config.failure, now, self.rng)
+            if down < self.config.duration_s:
+                self._push(down, "crash", dev.device_id)
+
+    def _batteries(self, now: float) -> None:
+        dt = self.config.battery_interval_s
+        for dev in self.devices.values():
+            if dev.battery is None or not dev.alive:
+                continue
+            power = dev.profile.power_active_w if dev.partitions else dev.profile.power_idle_w
+            before = dev.battery.level
+            dev.battery = drain(dev.battery, power, dt)
+            if abs(before - dev.battery.level) >= 0.05 or dev.battery.dead:
+                dev.state = None
+            if dev.battery.dead:
+                self._crash(dev, now)  # battery death is a crash whose Will the broker sends

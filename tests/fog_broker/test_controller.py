@@ -1,0 +1,259 @@
+"""Deployment controller core with the real (pure) scheduler: no broker, time by hand."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fog_broker.controller import (
+    Assignment, Controller, ControllerConfig, DeployPartition, Persist, Phase, UndeployPartition,
+)
+from fog_broker.placement.model import ChainProfile, Device, Fleet, Quota, Segment, Workload
+from fog_broker.placement.scheduler import schedule
+from runtime.messages import PartitionStatus
+
+MB = 1_000_000
+
+
+def dev(i: str, mem: float = 100 * MB, flops: float = 1e10, domain: str | None = None, **kw: object) -> Device:
+    labels = (("power-domain", domain or f"pd-{i}"),)
+    return Device(id=i, flops=flops, memory_bytes=mem, uplink_bps=1e9, downlink_bps=1e9, rtt_s=0.001,
+                  power_active_w=5.0, labels=labels, **kw)  # type: ignore[arg-type]
+
+
+def profile(n: int = 4, param: float = 10 * MB) -> ChainProfile:
+    return ChainProfile("m", 1000.0, tuple(Segment(f"s{i}", 1e8, param, 1 * MB, 1000.0) for i in range(n)))
+
+
+def workload(name: str = "w", **kw: object) -> Workload:
+    args: dict = dict(name=name, source="src", sink="src", profile=profile(), model="zoo:x")
+    args.update(kw)
+    return Workload(**args)
+
+
+def fleet(*devs: Device) -> Fleet:
+    return Fleet(tuple(devs))
+
+
+def deploys(cmds: list) -> list[DeployPartition]:
+    return [c for c in cmds if isinstance(c, DeployPartition)]
+
+
+def undeploys(cmds: list) -> list[UndeployPartition]:
+    return [c for c in cmds if isinstance(c, UndeployPartition)]
+
+
+def ack_all(c: Controller, cmds: list, now: float) -> None:
+    for d in deploys(cmds):
+        c.ack(d.command_id, d.device, True, "", now)
+
+
+def reported_of(c: Controller, health: str = "running") -> dict[str, tuple[PartitionStatus, ...]]:
+    out: dict[str, list[PartitionStatus]] = {}
+    for a in c.assignments.values():
+        out.setdefault(a.device, []).append(PartitionStatus(*a.key, sha256=a.sha256 or "0" * 64, health=health))
+    out.setdefault("src", [])  # every live device with a state advert is in the report
+    return {k: tuple(v) for k, v in out.items()}
+
+
+# small source device that cannot host (memory 0) so partitions go elsewhere
+SRC = dev("src", mem=0.0, flops=1e6)
+
+
+def test_deploy_ack_running_and_chains() -> None:
+    c = Controller(schedule)
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"), dev("b"))
+    cmds = c.reconcile(f, {}, 0.0)
+    ds = deploys(cmds)
+    assert ds and {d.workload for d in ds} == {"w"}
+    assert any(isinstance(x, Persist) for x in cmds)
+    assert c.chains("w") == []
+    ack_all(c, cmds, 0.1)
+    chains = c.chains("w")
+    assert len(chains) == 1 and chains[0][0] == 0
+    assert [h.device_id for h in chains[0][1]] == [d.device for d in ds]
+    c.reconcile(f, {}, 0.2)
+    assert c.workloads["w"].status == "running"
+    assert c.deploy_latencies and c.deploy_latencies[0] == pytest.approx(0.1)
+
+
+def test_no_ack_retries_with_backoff_then_moves() -> None:
+    cfg = ControllerConfig(ack_timeout_s=1.0, backoff_s=0.5, max_attempts=3)
+    c = Controller(schedule, cfg)
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"), dev("b", flops=1e9))
+    first = deploys(c.reconcile(f, {}, 0.0))
+    assert [d.device for d in first] == ["a"]
+    assert deploys(c.reconcile(f, {}, 0.9)) == []
+    assert deploys(c.reconcile(f, {}, 1.0)) == []  # timed out: backoff 0.5 s
+    again = deploys(c.reconcile(f, {}, 1.5))
+    assert [(d.device, d.attempt) for d in again] == [("a", 2)]
+    assert deploys(c.reconcile(f, {}, 2.5)) == []  # timeout -> backoff 1 s
+    third = deploys(c.reconcile(f, {}, 3.5))
+    assert [(d.device, d.attempt) for d in third] == [("a", 3)]
+    moved = c.reconcile(f, {}, 4.5)  # third timeout: give up on a, repair elsewhere
+    assert [d.device for d in deploys(moved)] == ["b"]
+    assert [u.device for u in undeploys(moved)] == ["a"]
+
+
+def test_nack_is_retried_and_old_acks_are_ignored() -> None:
+    c = Controller(schedule, ControllerConfig(backoff_s=0.5))
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"))
+    (d,) = deploys(c.reconcile(f, {}, 0.0))
+    assert c.ack(d.command_id, "a", False, "load failed", 0.1) == []
+    assert c.counters["nacks"] == 1
+    (d2,) = deploys(c.reconcile(f, {}, 0.7))
+    c.ack(d.command_id, "a", True, "", 0.8)  # the superseded attempt
+    assert c.chains("w") == []
+    c.ack(d2.command_id, "a", True, "", 0.9)
+    assert len(c.chains("w")) == 1
+
+
+def test_lost_partition_is_replaced_with_the_same_segments_only() -> None:
+    c = Controller(schedule)
+    # two devices each fit only half of the model: the chain has two partitions
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a", mem=25 * MB), dev("b", mem=25 * MB), dev("c", mem=25 * MB, flops=5e9))
+    cmds = c.reconcile(f, {}, 0.0)
+    ack_all(c, cmds, 0.1)
+    before = {a.key: (a.device, a.first, a.last) for a in c.assignments.values()}
+    assert len(before) == 2
+    victim = sorted(before.values())[0][0]
+    c.device_lost(victim, 1.0)
+    f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices])
+    cmds = c.reconcile(f2, {}, 1.0)
+    (d,) = deploys(cmds)
+    assert d.device == "c"
+    after = {a.key: (a.device, a.first, a.last) for a in c.assignments.values()}
+    for key, (device, first, last) in before.items():
+        if device == victim:
+            assert after[key] == ("c", first, last)
+        else:
+            assert after[key] == (device, first, last)  # healthy partition untouched
+    assert not undeploys(cmds)
+    c.ack(d.command_id, "c", True, "", 1.2)
+    assert c.recoveries == [pytest.approx(0.2)]
+    assert len(c.chains("w")) == 1
+
+
+def test_replica_promotion_is_immediate_and_count_is_restored() -> None:
+    c = Controller(schedule)
+    c.set_workload(workload(replicas=2), 1)
+    f = fleet(SRC, dev("a"), dev("b"), dev("c", flops=1e9))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    chains = c.chains("w")
+    assert [r for r, _ in chains] == [0, 1]
+    primary_dev = chains[0][1][0].device_id
+    c.device_lost(primary_dev, 1.0)
+    assert [r for r, _ in c.chains("w")] == [1]  # the replica serves at once
+    f2 = fleet(*[replace(d, alive=d.id != primary_dev) for d in f.devices])
+    cmds = c.reconcile(f2, {}, 1.0)
+    (d,) = deploys(cmds)
+    assert d.device == "c" and d.replica == 0
+    c.ack(d.command_id, "c", True, "", 1.1)
+    assert [r for r, _ in c.chains("w")] == [0, 1]
+
+
+def test_restart_adopts_running_partitions_without_redeploying() -> None:
+    c1 = Controller(schedule)
+    c1.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a", mem=25 * MB), dev("b", mem=25 * MB))
+    ack_all(c1, c1.reconcile(f, {}, 0.0), 0.1)
+    for a in c1.assignments.values():
+        a.sha256 = "ab" * 32
+    stored = [Assignment(a.key, a.device, a.first, a.last, sha256=a.sha256) for a in c1.assignments.values()]
+    reported = reported_of(c1)
+
+    c2 = Controller(schedule, ControllerConfig(startup_wait_s=10.0))
+    c2.set_workload(workload(), 1)
+    c2.start_after_restart(100.0, stored)
+    assert c2.reconcile(f, {}, 100.1) == []  # nobody heard yet: wait
+    partial = {k: v for k, v in reported.items() if k != "src"}
+    assert c2.reconcile(f, partial, 100.2) == [] and not c2.ready  # the source is not heard yet
+    cmds = c2.reconcile(f, reported, 100.5)
+    assert deploys(cmds) == [] and undeploys(cmds) == []
+    assert c2.ready and len(c2.chains("w")) == 1
+    assert all(a.phase is Phase.RUNNING for a in c2.assignments.values())
+
+
+def test_restart_redeploys_only_what_is_missing() -> None:
+    c1 = Controller(schedule)
+    c1.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a", mem=25 * MB), dev("b", mem=25 * MB))
+    ack_all(c1, c1.reconcile(f, {}, 0.0), 0.1)
+    stored = [Assignment(a.key, a.device, a.first, a.last) for a in c1.assignments.values()]
+    reported = reported_of(c1)
+    lost_dev = sorted(reported)[0]
+    reported[lost_dev] = ()  # that device restarted and lost its partition
+    c2 = Controller(schedule, ControllerConfig(startup_wait_s=10.0))
+    c2.set_workload(workload(), 1)
+    c2.start_after_restart(0.0, stored)
+    cmds = c2.reconcile(f, reported, 0.5)
+    assert [d.device for d in deploys(cmds)] == [lost_dev]
+
+
+def test_orphan_partitions_are_undeployed_after_grace() -> None:
+    c = Controller(schedule, ControllerConfig(orphan_grace_s=1.0))
+    f = fleet(SRC, dev("a"))
+    rep = {"a": (PartitionStatus("ghost", 3, 0, 0, "0" * 64, "running"),)}
+    assert c.reconcile(f, rep, 0.0) == []
+    (u,) = undeploys(c.reconcile(f, rep, 1.5))
+    assert (u.device, u.workload, u.version) == ("a", "ghost", 3)
+    assert undeploys(c.reconcile(f, rep, 2.0)) == []  # not every tick
+
+
+def test_priority_preempts_lower_priority_work() -> None:
+    c = Controller(schedule)
+    f = fleet(SRC, dev("a", mem=50 * MB))
+    c.set_workload(workload("low", priority=0), 1)
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    assert c.workloads["low"].status == "running"
+    c.set_workload(workload("high", priority=10), 1)
+    cmds = c.reconcile(f, {}, 1.0)
+    assert {u.workload for u in undeploys(cmds)} == {"low"}
+    assert {d.workload for d in deploys(cmds)} == {"high"}
+    assert c.workloads["low"].status == "pending"
+    assert "preempted" in c.workloads["low"].reasons
+    assert "low" in c.evicted
+
+
+def test_quota_keeps_a_workload_pending_with_a_reason() -> None:
+    c = Controller(schedule)
+    c.set_quotas({"t": Quota(10 * MB)})
+    c.set_workload(workload(tenant="t"), 1)
+    cmds = c.reconcile(fleet(SRC, dev("a")), {}, 0.0)
+    assert deploys(cmds) == []
+    assert c.workloads["w"].status == "pending"
+    assert "quota" in c.workloads["w"].reasons
+
+
+def test_new_version_replaces_old_partitions() -> None:
+    c = Controller(schedule)
+    f = fleet(SRC, dev("a"))
+    c.set_workload(workload(), 1)
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    cmds = c.set_workload(workload(), 2)
+    assert {(u.workload, u.version) for u in undeploys(cmds)} == {("w", 1)}
+    ds = deploys(c.reconcile(f, {}, 0.5))
+    assert {d.version for d in ds} == {2}
+
+
+def test_reported_running_confirms_a_deploy_whose_ack_was_lost() -> None:
+    c = Controller(schedule)
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"))
+    c.reconcile(f, {}, 0.0)
+    c.reconcile(f, reported_of(c), 0.3)
+    assert len(c.chains("w")) == 1
+
+
+def test_partition_missing_from_reports_is_redeployed() -> None:
+    c = Controller(schedule, ControllerConfig(missing_grace_s=1.0))
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    assert deploys(c.reconcile(f, {"a": ()}, 2.0)) == []
+    (d,) = deploys(c.reconcile(f, {"a": ()}, 3.1))
+    assert d.device == "a"

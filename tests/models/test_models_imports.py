@@ -1,0 +1,41 @@
+"""Core modules stay pure: no I/O, clock or heavy optional imports at module level."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import models
+
+ROOT = Path(models.__file__).resolve().parent
+CORE = ["errors", "graph", "profile", "cuts", "partition", "zoo", "train"]
+FORBIDDEN = {"paho", "flwr", "onnxruntime", "socket", "threading", "time", "sklearn",
+             "asyncio", "subprocess", "random"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in tree.body:  # module level only; imports inside functions are lazy
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("mod", CORE)
+def test_core_modules_import_no_io(mod: str) -> None:
+    assert not _top_level_imports(ROOT / f"{mod}.py") & FORBIDDEN
+
+
+def test_cli_defers_heavy_imports() -> None:
+    assert not _top_level_imports(ROOT / "cli.py") & (FORBIDDEN | {"onnx", "numpy", "models"})
+
+
+def test_all_is_resolvable() -> None:
+    for name in models.__all__:
+        assert getattr(models, name) is not None
+    with pytest.raises(AttributeError):
+        models.nope  # noqa: B018
