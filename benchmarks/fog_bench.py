@@ -155,7 +155,7 @@ def bench_ingest(n_ids: int, per: int, conns: int, workers: Sequence[int], tmp: 
             got[0] += 1
             got[2] = time.monotonic()
         sub = MqttClient("bench-counter", "127.0.0.1", b.port, inbox_size=1_000_000)
-        sub.subscribe("fogline/v1/base/dev/+/STATE", count)
+        sub.subscribe("fogline/v1/base/dev/+/STATE", count, qos=0)  # as the fog subscribes to states
         sub.start()
         sub.wait_connected(10)
         time.sleep(0.2)

@@ -165,6 +165,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         ids = [args.device_id or (f"{args.id_prefix}0" if args.simulate and not args.device_id else _hostname())]
         dirs = [args.data_dir or _default_dir(ids[0])]
+    bad = [i for i in ids if not i or len(i) > 128 or any(c in i for c in "/+#\x00")]
+    if bad:
+        print(f"error: invalid device id {bad[0]!r}: 1-128 characters, no '/', '+', '#'", file=sys.stderr)
+        return 2
     threads = args.threads if args.threads is not None else (1 if profile is not None else 0)
     cfgs = [AgentConfig(device_id=i, data_dir=d, host=host, port=port, site=site, labels=dict(labels),
                         taints=taints, state_interval_s=args.state_interval, probe_interval_s=args.probe_interval,

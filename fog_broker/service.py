@@ -169,7 +169,9 @@ class FogService:
     def start(self, connect_timeout: float = 10.0) -> "FogService":
         t = self.topics
         for leaf in (BIRTH, STATE, DEATH, ACK):
-            self.mqtt.subscribe(t.all_devices(leaf), self._on_device)
+            # States are periodic and superseded by the next one (liveness allows 3 misses):
+            # QoS 0 delivery saves a PUBACK round per advert. Births, deaths and acks stay QoS 1.
+            self.mqtt.subscribe(t.all_devices(leaf), self._on_device, qos=0 if leaf == STATE else 1)
         self.mqtt.subscribe(t.infer(), self._on_other)
         self.mqtt.subscribe(t.control(), self._on_other)
         self.mqtt.subscribe(t.reply(self.config.fog_id), self._on_other)
@@ -272,6 +274,10 @@ class FogService:
             out.append(("advert", msg, m.received_at))
             return
         wall = time.time()
+        if pt.leaf == BIRTH and pt.name not in self.devices_trust:
+            if self._enroll(m, pt.name, wall):
+                self._ingest(verifier, m, pt, out)
+            return
         try:
             env, msg = verifier.open(m.payload, wall)
         except SecurityError as exc:

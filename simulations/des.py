@@ -144,6 +144,10 @@ class FleetSim:
         self._up_since: dict[str, float] = {}
         self._up_total: dict[str, float] = {w.name: 0.0 for w in workloads}
         self._last_avail_t = 0.0
+        self._up: dict[str, bool] = {}
+        self._dirty = True
+        self._fleet: Any = None
+        self._reported: Any = None
 
     def _timed_schedule(self, *args: Any, **kw: Any) -> Any:
         t0 = self._clock()
@@ -174,24 +178,35 @@ class FleetSim:
                 if dev is not None:
                     if dev.partitions.pop((cmd.workload, cmd.version, cmd.replica, cmd.index), None):
                         dev.state = None
+                        self._dirty = True
 
     def _advert(self, dev: SimDevice, now: float) -> None:
         self.adverts += 1
-        self.registry.handle(dev.state_advert(self._used(dev)), now)
+        before = dev.state
+        state = dev.state_advert(self._used(dev))
+        if state is not before:
+            self._dirty = True
+        self.registry.handle(state, now)
 
     # ------------------------------------------------------------ run
 
     def _track_availability(self, now: float) -> None:
         dt = now - self._last_avail_t
         if dt > 0:
-            for w in self.workloads:
-                if self.controller.chains(w.name):
-                    self._up_total[w.name] += dt
+            for name, up in self._up.items():
+                if up:
+                    self._up_total[name] += dt
         self._last_avail_t = now
 
     def _reconcile(self, now: float) -> None:
-        fleet = self.registry.fleet(self.controller.reserved(self.registry.reported()))
-        self._apply(self.controller.reconcile(fleet, self.registry.reported(), now), now)
+        # The snapshot only changes when an advert carried new figures or liveness changed;
+        # rebuilding it for every reconcile would dominate a 10,000-device run.
+        if self._dirty or self._fleet is None:
+            self._reported = self.registry.reported()
+            self._fleet = self.registry.fleet(self.controller.reserved(self._reported))
+            self._dirty = False
+        self._apply(self.controller.reconcile(self._fleet, self._reported, now), now)
+        self._up = {w.name: bool(self.controller.chains(w.name)) for w in self.workloads}
 
     def run(self) -> SimResult:
         cfg = self.config
@@ -221,6 +236,7 @@ class FleetSim:
                     if dev.alive:
                         self._advert(dev, now)
                 for cmd in self.registry.tick(now):
+                    self._dirty = True
                     if isinstance(cmd, DeviceLost):
                         self.controller.device_lost(cmd.device_id, now)
                 self._push(now + cfg.state_interval_s, "adverts")
@@ -239,6 +255,7 @@ class FleetSim:
                 self._crash(self.devices[payload], now)
             elif kind == "will":
                 dev_id, epoch = payload
+                self._dirty = True
                 for cmd in self.registry.handle(DeviceDeath(dev_id, epoch), now):
                     if isinstance(cmd, DeviceLost):
                         self.controller.device_lost(cmd.device_id, now)
@@ -284,6 +301,7 @@ class FleetSim:
         if dev.battery is not None and dev.battery.dead:
             dev.battery = Battery(dev.battery.capacity_wh, 0.5, dev.battery.charge_w)
         self.registry.handle(dev.birth(), now)
+        self._dirty = True
         self.controller.device_joined(dev.device_id)
         if self.config.failure is not None:
             down, _ = next_failure(self.config.failure, now, self.rng)
