@@ -137,7 +137,7 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
     return out
 
 
-def bench_ingest(n_ids: int, per: int, conns: int, workers: Sequence[int], tmp: Path) -> dict[str, Any]:
+def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int]], tmp: Path) -> dict[str, Any]:
     from fog_broker.service import FogService, ServiceConfig
     from runtime.broker import BrokerConfig, MosquittoBroker
     from runtime.mqtt import MqttClient
@@ -164,34 +164,35 @@ def bench_ingest(n_ids: int, per: int, conns: int, workers: Sequence[int], tmp: 
         sub.stop()
         res["transport_only"] = {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
                                  "publisher_per_s": round(len(states) / pub_s)}
-        for w in workers:
-            site = f"ing{w}"
-            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{w}", site=site, mqtt_port=b.port,
+        for mode, w in modes:
+            site = f"ing{mode}{w}"
+            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{mode}{w}", site=site, mqtt_port=b.port,
                                            state_interval_s=1000.0, verify_workers=w,
+                                           verify_processes=mode == "processes",
                                            summary_interval_s=1000.0)).start()
             try:
                 births, states = _frames(site, ids, per, 1, True)
                 _publish(b.port, births, tmp, conns)
-                _wait(lambda: svc.counters["in:BIRTH"] >= n_ids, 120, 0.05)
-                base = svc.counters["in:STATE"]
+                _wait(lambda: svc.ingest_counts()["in:BIRTH"] >= n_ids, 120, 0.05)
+                base = svc.ingest_counts()["in:STATE"]
                 marks: list[tuple[float, int]] = []
                 stop = threading.Event()
 
                 def sample() -> None:
                     while not stop.is_set():
-                        marks.append((time.monotonic(), svc.counters["in:STATE"] - base))
+                        marks.append((time.monotonic(), svc.ingest_counts()["in:STATE"] - base))
                         time.sleep(0.01)
                 th = threading.Thread(target=sample, daemon=True)
                 th.start()
                 pub_s = _publish(b.port, states, tmp, conns)
-                _wait(lambda: svc.counters["in:STATE"] - base >= len(states), 120, 0.02)
+                _wait(lambda: svc.ingest_counts()["in:STATE"] - base >= len(states), 120, 0.02)
                 processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
                 stop.set()
                 th.join()
                 first = next((t for t, n in marks if n > 0), marks[0][0])
                 last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
-                n = svc.counters["in:STATE"] - base
-                res[f"fog_verified_workers{w}"] = {
+                n = svc.ingest_counts()["in:STATE"] - base
+                res[f"fog_verified_{mode}{w}"] = {
                     "verified": n, "per_s": round(n / max(last - first, 1e-9)),
                     "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
                     "rejected": dict(svc.rejections()),
@@ -313,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(d)
         if "ingest" not in args.skip:
             out["ingest_cpu_single_thread"] = bench_cpu(200, 10)
-            out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections, (1, 2), tmp)
+            out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections,
+                                              (("threads", 1), ("threads", 2), ("processes", 2)), tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
     text = json.dumps(out, indent=1)
@@ -335,7 +337,7 @@ def _human(out: dict[str, Any]) -> None:
     if ing:
         lines.append(f"ingest via mosquitto ({ing['agents']} agents): transport only "
                      f"{ing['transport_only']['per_s']}/s; " + ", ".join(
-                         f"{k.split('_')[-1]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_verified")))
+                         f"{k[len('fog_verified_'):]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_verified")))
     fo = out.get("failover")
     if fo and "kill_to_replacement_running" in fo:
         k, r, p = fo["kill_to_replacement_running"], fo["detection_to_replacement_running"], \

@@ -209,12 +209,12 @@ class Executor:
             passthrough = {k: v for k, v in act.tensors.items() if k not in part.inputs and k not in outputs}
             fwd = Activation(act.request_id, act.workload, act.route, nxt, act.reply_to,
                              {**passthrough, **outputs}, act.deadline)
-            target = act.route[nxt].device_id
+            next_device = act.route[nxt].device_id
             self.forwarded += 1
-            if target == self.device_id:
+            if next_device == self.device_id:
                 self.submit(fwd)  # next partition is here too: skip the broker round trip
             else:
-                self._publish(self.topics.device(target, ACT), codec.encode(fwd))
+                self._publish(self.topics.device(next_device, ACT), codec.encode(fwd))
             return
         self.answered += 1
         self._reply(act, InferenceResult(act.request_id, True, outputs, "", self.device_id, hop.replica, elapsed))

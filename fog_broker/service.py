@@ -78,6 +78,7 @@ class ServiceConfig:
     battery_floor: float = 0.3
     keepalive: int = 5
     verify_workers: int = 2
+    verify_processes: bool = False     # verify in worker processes (one per shard) instead of threads
     controller: ControllerConfig = field(default_factory=ControllerConfig)
 
     def __post_init__(self) -> None:
@@ -88,8 +89,13 @@ class ServiceConfig:
 
 @dataclass
 class _Shard:
+    """One verify shard: its queue, its verifier (threads) or worker process, its own counters."""
+
     queue: "queue.Queue[Any]"
     verifier: Verifier
+    worker: Any = None
+    counters: Counter[str] = field(default_factory=Counter)
+    accepted: int = 0
 
 
 class FogService:
@@ -108,6 +114,11 @@ class FogService:
         # Verify shards: a device always maps to the same shard, so its replay window lives there.
         self._shards = [_Shard(queue.Queue(maxsize=100_000), Verifier(self.devices_trust))
                         for _ in range(max(1, c.verify_workers))]
+        if c.verify_processes:
+            from ._verify_pool import VerifyWorker
+            keys = {n: k for n in self._trusted_names() if (k := self.devices_trust.key_bytes(n)) is not None}
+            for sh in self._shards:
+                sh.worker = VerifyWorker(keys)
         self.operators_trust = TrustStore(path=c.data_dir / "operators.json")
         self.op_verifier = Verifier(self.operators_trust)
         self.registry = Registry(RegistryConfig(default_interval_s=c.state_interval_s,
@@ -237,7 +248,7 @@ class FogService:
             self.counters["verify_overflow"] += 1
 
     def _verify_loop(self, shard: "_Shard") -> None:
-        """A verify worker: Ed25519 checks release the GIL, so shards verify in parallel."""
+        """A verify shard: batches its queue; checks run here (threads) or in its worker process."""
         while True:
             item = shard.queue.get()
             batch = [item]
@@ -246,71 +257,108 @@ class FogService:
                     batch.append(shard.queue.get_nowait())
                 except queue.Empty:
                     break
+            stop = _STOP in batch
+            batch = [it for it in batch if it is not _STOP]
             out: list[tuple[str, Any, float]] = []
-            for it in batch:
-                if it is _STOP:
-                    if out:
-                        self._put(("batch", out))
-                    return
-                try:
-                    self._ingest(shard.verifier, it[0], it[1], out)
-                except Exception:  # noqa: BLE001 - never lose the worker to one message
-                    self.counters["internal_errors"] += 1
-                    log.exception("ingest failed for %s", it[0].topic)
+            try:
+                if shard.worker is not None:
+                    self._ingest_remote(shard, batch, out)
+                else:
+                    for m, pt in batch:
+                        self._ingest(shard, m, pt, out)
+            except Exception:  # noqa: BLE001 - never lose the shard to one batch; logged loudly
+                shard.counters["internal_errors"] += 1
+                log.exception("ingest failed for a batch of %d", len(batch))
             if out:
                 self._put(("batch", out))
+            if stop:
+                if shard.worker is not None:
+                    shard.worker.close()
+                return
 
-    def _ingest(self, verifier: Verifier, m: Inbound, pt: Any, out: list[tuple[str, Any, float]]) -> None:
-        if pt.leaf == DEATH:
-            try:
-                msg = codec.decode(m.payload)
-            except DecodeError as exc:
-                self.counters["rejected:malformed"] += 1
-                log.debug("bad death on %s: %s", m.topic, exc)
-                return
-            if not isinstance(msg, DeviceDeath) or msg.device_id != pt.name:
-                self.counters["rejected:topic mismatch"] += 1
-                return
-            out.append(("advert", msg, m.received_at))
-            return
-        wall = time.time()
-        if pt.leaf == BIRTH and pt.name not in self.devices_trust:
-            if self._enroll(m, pt.name, wall):
-                self._ingest(verifier, m, pt, out)
-            return
+    def _death(self, shard: "_Shard", m: Inbound, pt: Any, out: list[tuple[str, Any, float]]) -> None:
         try:
-            env, msg = verifier.open(m.payload, wall)
-        except SecurityError as exc:
-            if exc.reason == UNKNOWN_SENDER:
-                if pt.leaf == BIRTH:
-                    if self._enroll(m, pt.name, wall):
-                        self._ingest(verifier, m, pt, out)
-                    return
-                out.append(("rebirth", pt.name, m.received_at))
-            self.counters[f"rejected:{exc.reason}"] += 1
-            log.debug("rejected %s: %s", m.topic, exc)
+            msg = codec.decode(m.payload)
+        except DecodeError as exc:
+            shard.counters["rejected:malformed"] += 1
+            log.debug("bad death on %s: %s", m.topic, exc)
             return
+        if not isinstance(msg, DeviceDeath) or msg.device_id != pt.name:
+            shard.counters["rejected:topic mismatch"] += 1
+            return
+        out.append(("advert", msg, m.received_at))
+
+    def _accept(self, shard: "_Shard", m: Inbound, pt: Any, sender: str, msg: Any,
+                out: list[tuple[str, Any, float]]) -> None:
+        """Checks after a valid signature: topic, sender and kind agree; a birth carries the pinned key."""
         device_id = getattr(msg, "device_id", None)
-        if env.sender != pt.name or device_id != pt.name:
-            self.counters["rejected:topic mismatch"] += 1
-            log.warning("%s: sender %r / device %r do not match the topic", m.topic, env.sender, device_id)
+        if sender != pt.name or device_id != pt.name:
+            shard.counters["rejected:topic mismatch"] += 1
+            log.warning("%s: sender %r / device %r do not match the topic", m.topic, sender, device_id)
             return
         if pt.leaf == BIRTH and isinstance(msg, DeviceBirth):
             if msg.public_key != self.devices_trust.key_bytes(pt.name):
-                self.counters["rejected:key mismatch"] += 1
+                shard.counters["rejected:key mismatch"] += 1
                 log.warning("%s: birth announces a key other than the pinned one; refused", pt.name)
                 return
         elif not ((pt.leaf == STATE and isinstance(msg, DeviceState))
                   or (pt.leaf == ACK and isinstance(msg, CommandAck))):
-            self.counters["rejected:wrong kind"] += 1
+            shard.counters["rejected:wrong kind"] += 1
             return
-        self.counters[f"in:{pt.leaf}"] += 1
+        shard.counters[f"in:{pt.leaf}"] += 1
         out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
 
-    def _enroll(self, m: Inbound, name: str, wall: float) -> bool:
+    def _rejected(self, shard: "_Shard", m: Inbound, pt: Any, reason: str, detail: str,
+                  out: list[tuple[str, Any, float]]) -> None:
+        shard.counters[f"rejected:{reason}"] += 1
+        log.debug("rejected %s: %s", m.topic, detail)
+        if reason == UNKNOWN_SENDER and pt.leaf != BIRTH:
+            out.append(("rebirth", pt.name, m.received_at))
+
+    def _ingest(self, shard: "_Shard", m: Inbound, pt: Any, out: list[tuple[str, Any, float]]) -> None:
+        if pt.leaf == DEATH:
+            self._death(shard, m, pt, out)
+            return
+        wall = time.time()
+        if pt.leaf == BIRTH and pt.name not in self.devices_trust and not self._enroll(shard, m, pt.name, wall):
+            return
+        try:
+            env, msg = shard.verifier.open(m.payload, wall)
+        except SecurityError as exc:
+            self._rejected(shard, m, pt, exc.reason, str(exc), out)
+            return
+        self._accept(shard, m, pt, env.sender, msg, out)
+
+    def _ingest_remote(self, shard: "_Shard", batch: list[tuple[Inbound, Any]],
+                       out: list[tuple[str, Any, float]]) -> None:
+        assert shard.worker is not None
+        items: list[tuple[Any, ...]] = []
+        pending: list[tuple[Inbound, Any]] = []
+        for m, pt in batch:
+            if pt.leaf == DEATH:
+                self._death(shard, m, pt, out)
+                continue
+            wall = time.time()
+            if pt.leaf == BIRTH and pt.name not in self.devices_trust:
+                if not self._enroll(shard, m, pt.name, wall):
+                    continue
+                items.append(("enroll", pt.name, self.devices_trust.key_bytes(pt.name)))
+            items.append(("open", m.payload, wall))
+            pending.append((m, pt))
+        if not items:
+            return
+        results = shard.worker.run(items)
+        for (m, pt), r in zip(pending, results):
+            if r[0] == "ok":
+                shard.accepted += 1
+                self._accept(shard, m, pt, r[1], r[2], out)
+            else:
+                self._rejected(shard, m, pt, r[1], r[2], out)
+
+    def _enroll(self, shard: "_Shard", m: Inbound, name: str, wall: float) -> bool:
         """TOFU: the first birth of an unknown device pins the key it carries (self-signed)."""
         if self.config.strict_enrollment:
-            self.counters["rejected:not enrolled"] += 1
+            shard.counters["rejected:not enrolled"] += 1
             log.warning("birth from %s refused: not enrolled (strict enrollment)", name)
             return False
         try:
@@ -322,13 +370,13 @@ class FogService:
                 raise DecodeError("not a birth of this device")
             Verifier(TrustStore({name: birth.public_key})).open(m.payload, wall)
         except (DecodeError, SecurityError) as exc:
-            self.counters["rejected:enrollment"] += 1
+            shard.counters["rejected:enrollment"] += 1
             log.warning("birth from %s refused: %s", name, exc)
             return False
         with self._enroll_lock:  # shards enroll concurrently; the trust file is rewritten whole
             if name not in self.devices_trust:
                 self.devices_trust.enroll(name, birth.public_key)
-                self.counters["enrolled"] += 1
+                shard.counters["enrolled"] += 1
                 log.info("enrolled device %s (key %s)", name, birth.public_key.hex()[:16])
         return True
 
@@ -730,7 +778,7 @@ class FogService:
                         "devices_live": counts["live"], "devices_suspect": counts["suspect"],
                         "devices_dead": counts["dead"]},
             "quotas": {t: q.memory_bytes for t, q in self.controller.quotas.items()},
-            "counters": {**dict(self.counters), **{f"controller.{k}": v for k, v in self.controller.counters.items()},
+            "counters": {**dict(self.counters), **dict(self.ingest_counts()), **{f"controller.{k}": v for k, v in self.controller.counters.items()},
                          **{f"router.{k}": v for k, v in self.router.counters.items()},
                          "registry.stale": self.registry.stale,
                          "verifier.accepted": self.verified(),
@@ -738,13 +786,24 @@ class FogService:
             "recoveries_s": [round(x, 4) for x in self.controller.recoveries[-50:]],
         }
 
+    def _trusted_names(self) -> list[str]:
+        path = self.config.data_dir / "devices.json"
+        return sorted(json.loads(path.read_text())) if path.exists() else []
+
     def verified(self) -> int:
-        return sum(sh.verifier.accepted for sh in self._shards)
+        return sum(sh.verifier.accepted + sh.accepted for sh in self._shards)
 
     def rejections(self) -> Counter[str]:
         total: Counter[str] = Counter()
         for sh in self._shards:
-            total.update(sh.verifier.rejected)
+            total.update({k[len("rejected:"):]: v for k, v in sh.counters.items() if k.startswith("rejected:")})
+        return total
+
+    def ingest_counts(self) -> Counter[str]:
+        """Per-shard counters summed (each shard counts alone: no lost updates between threads)."""
+        total: Counter[str] = Counter()
+        for sh in self._shards:
+            total.update(sh.counters)
         return total
 
     def _refresh_status(self, now: float) -> None:

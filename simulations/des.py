@@ -21,8 +21,9 @@ from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionSta
 
 from .churn import Battery, FailureModel, drain, next_failure
 from .profiles import PROFILES, DeviceProfile
+from .scenario import Scenario
 
-__all__ = ["SimDevice", "SimConfig", "SimResult", "FleetSim", "make_fleet"]
+__all__ = ["SimDevice", "SimConfig", "SimResult", "FleetSim", "make_fleet", "run_scenario"]
 
 _KEY = b"\x00" * 32  # the simulation does not sign: identities are not under test here
 
@@ -320,3 +321,14 @@ class FleetSim:
                 dev.state = None
             if dev.battery.dead:
                 self._crash(dev, now)  # battery death is a crash whose Will the broker sends
+
+
+def run_scenario(scenario: Scenario, *, clock: Callable[[], float],
+                 duration_s: float | None = None) -> SimResult:
+    """Build the fleet and workloads of a scenario and run the discrete-event engine."""
+    rng = scenario.rng()
+    devices = make_fleet(scenario.devices, rng, scenario.mix or None, power_domains=scenario.power_domains)
+    workloads = [Workload.from_dict(w, f"workload {w.get('name')}") for w in scenario.workloads]
+    cfg = SimConfig(duration_s=duration_s or scenario.duration_s, state_interval_s=scenario.state_interval_s,
+                    failure=scenario.failure, hang_fraction=scenario.hang_fraction, seed=scenario.seed)
+    return FleetSim(devices, workloads, cfg, clock=clock).run()

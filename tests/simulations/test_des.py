@@ -1,0 +1,62 @@
+import itertools
+import random
+
+from fog_broker.placement import Workload
+from simulations.churn import FailureModel
+from simulations.des import FleetSim, SimConfig, make_fleet
+from simulations.scenario import load_scenario, ScenarioError
+
+import pytest
+
+PROFILE = {"model": "m", "input_bytes": 3072, "segments": [
+    {"name": f"s{i}", "flops": 2e7, "param_bytes": 40000, "activation_bytes": 65536, "out_bytes": 16384}
+    for i in range(4)]}
+
+
+def _workloads(n=3, replicas=2):
+    return [Workload.from_dict({"name": f"w{i}", "tenant": "t", "priority": 1, "replicas": replicas,
+                                "objective": "latency", "source": f"dev-{i:05d}", "sink": f"dev-{i + 1:05d}",
+                                "selectors": {}, "tolerations": [], "profile": PROFILE}) for i in range(n)]
+
+
+def _fake_clock():
+    tick = itertools.count()
+    return lambda: next(tick) * 1e-3
+
+
+def _run(seed, mtbf=1800.0, hang=0.0, duration=3600.0):
+    devs = make_fleet(30, random.Random(seed))
+    cfg = SimConfig(duration_s=duration, failure=FailureModel(mtbf_s=mtbf, mttr_s=120.0), hang_fraction=hang,
+                    seed=seed)
+    return FleetSim(devs, _workloads(), cfg, clock=_fake_clock()).run()
+
+
+def test_deterministic_for_a_seed():
+    a, b = _run(3).summary(), _run(3).summary()
+    for s in (a, b):
+        s.pop("wall_s"), s.pop("sim_hours_per_wall_s"), s.pop("schedule_p50_ms"), s.pop("schedule_p99_ms")
+    assert a == b
+
+
+def test_crashes_of_hosting_devices_are_repaired_and_workloads_stay_available():
+    r = _run(5, mtbf=900.0)
+    assert r.crashes > 20
+    assert r.counters["repairs"] > 0
+    assert all(s == "running" for s in r.workload_status.values())
+    # two replicas on different power domains: a single crash never takes a workload down for long
+    assert min(r.availability.values()) > 0.99
+
+
+def test_hung_devices_are_found_by_the_deadline_not_the_will():
+    r = _run(7, mtbf=600.0, hang=1.0, duration=1800.0)
+    assert r.crashes > 0 and r.counters["repairs"] > 0
+    assert all(s == "running" for s in r.workload_status.values())
+
+
+def test_builtin_scenarios_load_and_bad_ones_are_named(tmp_path):
+    s = load_scenario("site-200")
+    assert s.devices == 200 and len(s.workloads) == 10 and s.failure is not None
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet]\ndevices = 'many'\n")
+    with pytest.raises(ScenarioError, match="fleet.devices"):
+        load_scenario(bad)
