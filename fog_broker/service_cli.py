@@ -41,6 +41,10 @@ def register_service(sub: Any) -> None:
     p.add_argument("--summary-interval", type=float, default=3.0, metavar="S")
     p.add_argument("--strict-enrollment", action="store_true", help="refuse devices not in devices.json")
     p.add_argument("--strict-operators", action="store_true", help="refuse operators not in operators.json")
+    p.add_argument("--verify-workers", type=int, default=2, metavar="N",
+                   help="advert verification shards (2); each a worker process unless --verify-threads")
+    p.add_argument("--verify-threads", action="store_true",
+                   help="verify in threads of this process instead of worker processes")
     p.add_argument("--no-zeroconf", action="store_true", help="do not advertise with mDNS")
     p.set_defaults(func=_cmd_broker)
 
@@ -140,7 +144,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     cfg = ServiceConfig(data_dir=data_dir, site=args.site, fog_id=args.fog_id, mqtt_host=host, mqtt_port=port,
                         state_interval_s=args.state_interval, startup_wait_s=args.startup_wait,
                         summary_interval_s=args.summary_interval, strict_enrollment=args.strict_enrollment,
-                        strict_operators=args.strict_operators)
+                        strict_operators=args.strict_operators, verify_workers=max(1, args.verify_workers),
+                        verify_processes=not args.verify_threads)
     svc = FogService(cfg)
     stop = threading.Event()
     import faulthandler

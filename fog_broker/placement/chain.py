@@ -27,20 +27,62 @@ chain uses ``d`` for at most one partition ``P``, and then exactly one holds:
 excludes the current relaxed solution. Best-first branch and bound over these
 branches terminates (ranges only shrink) and returns the optimum; a node limit
 (rarely reached) returns the best feasible chain with ``exact=False``.
+A lower bound on the partition count (``min_partitions``) changes nothing in
+this argument: the DP tracks the count exactly (row ``r`` = ``r + 1``
+partitions so far) and only rows ``>= min_partitions - 1`` may end the chain,
+so the relaxation still contains every feasible chain with an allowed count,
+and the branches above never merge or split partitions.
+
+Dominance pruning (exact)
+-------------------------
+Before the DP, devices that provably cannot improve the optimum are dropped.
+Write ``s(d)`` for the static cost vector of ``d`` under the objective
+(latency: ``flops`` up, ``rtt`` down, ``uplink`` up, ``downlink`` up; energy:
+``power_active/flops``, ``tx``, ``rx``, all down) and ``q(d)`` for its free
+memory rounded down to the largest partition memory of this profile that fits
+(``q(d) >= q(a)`` iff ``d`` can hold every partition ``a`` can). Device ``a``
+*dominates* ``d`` (``a > d``) when ``s(a)`` is no worse than ``s(d)`` in every
+component, ``q(a) >= q(d)``, and the two vectors differ or ``a`` has the
+smaller index: a strict partial order.
+
+1. Swap. Let a feasible chain with ``k <= P`` partitions (``P`` = the most
+   partitions allowed) use ``d``, and let ``a > d`` be a candidate device not
+   in the chain. Put ``d``'s partition on ``a`` instead. The partition fits
+   (its memory ``<= q(d) <= q(a)``), the chain still visits each device once,
+   compute is no slower (no costlier), and every transfer into or out of it
+   is no worse: for an endpoint ``x != d`` (the chain neighbours, the source,
+   the sink), ``transfer(x, a) <= transfer(x, d)`` term by term (``rtt``,
+   ``max(1/up_x, 1/down)``, ``rx``), and it is 0 when ``x == a``. The swap
+   needs ``d`` to be neither source nor sink (their own transfer is 0), so
+   those are never pruned.
+2. Counting. If ``d`` has at least ``P`` candidate dominators, at most
+   ``k - 1 <= P - 1`` of them are in the chain, so one is free for the swap.
+3. Termination. ``a > d`` implies ``dom(a)`` is a strict subset of ``dom(d)``
+   (transitivity, irreflexivity), so repeating the swap on any pruned device
+   left in the chain strictly lowers ``sum |dom(.)|`` and stops with a chain
+   of kept devices that costs no more. Hence the optimum over kept devices
+   equals the optimum over all candidates, with the same partition count.
+
+Only the ``DOMINATOR_LIST`` dominators with the most memory are remembered
+per device (built once per table); counting fewer dominators prunes less and
+never breaks the argument.
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
 from .model import ChainProfile, Device
 
-__all__ = ["DeviceTable", "ChainSolution", "solve_chain", "min_segment_memory"]
+__all__ = ["DeviceTable", "ChainSolution", "solve_chain", "min_segment_memory", "kept_devices"]
 
 INF = float("inf")
+#: Dominators remembered per device (most memory first); more prune more, at O(D*L) per solve.
+DOMINATOR_LIST = 48
+_BLOCK = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +98,8 @@ class DeviceTable:
     pact: np.ndarray
     tx: np.ndarray
     rx: np.ndarray
+    #: Derived data of this immutable table (dominator lists), built on first use.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_devices(cls, devices: Sequence[Device]) -> DeviceTable:
@@ -84,63 +128,149 @@ def min_segment_memory(profile: ChainProfile) -> float:
     return min(s.param_bytes + s.activation_bytes for s in profile.segments)
 
 
+def _static_keys(table: DeviceTable, objective: str) -> np.ndarray:
+    """The static cost components of every device, oriented so that bigger is better."""
+    if objective == "energy":
+        return np.stack([-(table.pact / table.flops), -table.tx, -table.rx])
+    return np.stack([table.flops, -table.rtt, table.up, table.down])
+
+
+def _dominator_lists(table: DeviceTable, objective: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per device, up to ``DOMINATOR_LIST`` statically dominating devices, most memory first.
+
+    Returns ``dom`` (D x L indices, padded with ``D``) and ``weak`` (the pair's static vectors
+    are equal and the dominator has the larger index, so it dominates only with strictly more
+    memory). Built once per table and objective, in column blocks so memory stays O(D * block).
+    """
+    key = ("dominators", objective)
+    hit = table.cache.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    V = _static_keys(table, objective)
+    D = len(table)
+    L = max(0, min(DOMINATOR_LIST, D - 1))
+    dom = np.full((D, L), D, dtype=np.intp)
+    weak = np.zeros((D, L), dtype=bool)
+    order = np.argsort(-table.memory, kind="stable")  # rows: candidate dominators, most memory first
+    inv = np.empty(D, dtype=np.intp)
+    inv[order] = np.arange(D)
+    Vo = np.ascontiguousarray(V[:, order])
+    for lo in range(0, D if L else 0, _BLOCK):
+        cols = np.arange(lo, min(D, lo + _BLOCK))
+        # ge[c, i]: device order[i] is no worse than device cols[c] in every static component.
+        ge = V[0, cols][:, None] <= Vo[0][None, :]
+        for k in range(1, V.shape[0]):
+            ge &= V[k, cols][:, None] <= Vo[k][None, :]
+        ge[np.arange(len(cols)), inv[cols]] = False  # a device does not dominate itself
+        take = ge & (np.cumsum(ge, axis=1, dtype=np.int32) <= L)
+        c_idx, r_idx = np.nonzero(take)  # grouped by device, most memory first within
+        cnt = np.count_nonzero(take, axis=1)
+        start = np.concatenate(([0], np.cumsum(cnt)[:-1]))
+        pos = np.arange(len(c_idx)) - start[c_idx]
+        a_idx, d_idx = order[r_idx], cols[c_idx]
+        dom[d_idx, pos] = a_idx
+        weak[d_idx, pos] = (V[:, a_idx] == V[:, d_idx]).all(axis=0) & (a_idx > d_idx)
+    table.cache[key] = (dom, weak)
+    return dom, weak
+
+
+def _partition_memories(profile: ChainProfile) -> np.ndarray:
+    """``MEM[i, j]`` = memory of the partition of segments ``i..j``; INF below the diagonal."""
+    segs = profile.segments
+    n = len(segs)
+    pb = np.array([s.param_bytes for s in segs])
+    act = np.array([s.activation_bytes for s in segs])
+    cpb = np.concatenate(([0.0], np.cumsum(pb)))
+    MEM = cpb[None, 1:] - cpb[:-1, None]
+    peak = np.full((n, n), -INF)
+    for i in range(n):
+        peak[i, i:] = np.maximum.accumulate(act[i:])
+    MEM = MEM + peak
+    MEM[np.tri(n, k=-1, dtype=bool)] = INF
+    return MEM
+
+
+def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_chain: int,
+                 free: np.ndarray, candidate: np.ndarray, always: Sequence[int] = (),
+                 memories: np.ndarray | None = None) -> np.ndarray:
+    """The candidates that survive dominance pruning for chains of at most ``max_chain`` partitions.
+
+    A candidate is dropped when at least ``max_chain`` other candidates dominate it (module
+    docstring); ``always`` (the source and the sink) are never dropped.
+    """
+    D = len(table)
+    dom, weak = _dominator_lists(table, objective)
+    if max_chain > dom.shape[1] or not candidate.any():
+        return candidate.copy()
+    MEM = _partition_memories(profile) if memories is None else memories
+    mems = np.unique(MEM[np.isfinite(MEM)])
+    pos = np.searchsorted(mems, free, side="right") - 1
+    q = np.where(pos >= 0, mems[np.maximum(pos, 0)], -INF)
+    qx = np.append(np.where(candidate, q, -INF), -INF)  # non-candidates and padding never dominate
+    qa = qx[dom]
+    qd = q[:, None]
+    ok = (qa > qd) | ((qa == qd) & ~weak)
+    keep = candidate & (np.count_nonzero(ok, axis=1) < max_chain)
+    for i in always:
+        keep[i] = candidate[i]
+    return keep
+
+
 class _Problem:
     """Everything about one solve that does not change between branch-and-bound nodes."""
 
     def __init__(self, table: DeviceTable, profile: ChainProfile, source: int, sink: int,
-                 objective: str, max_partitions: int | None, free: np.ndarray,
-                 eligible: np.ndarray) -> None:
+                 objective: str, min_partitions: int, max_partitions: int | None,
+                 free: np.ndarray, eligible: np.ndarray, prune: bool) -> None:
         segs = profile.segments
         n = len(segs)
         self.n = n
         fl = np.array([s.flops for s in segs])
-        pb = np.array([s.param_bytes for s in segs])
-        act = np.array([s.activation_bytes for s in segs])
         self.out = np.array([s.out_bytes for s in segs])
         cfl = np.concatenate(([0.0], np.cumsum(fl)))
-        cpb = np.concatenate(([0.0], np.cumsum(pb)))
         FL = cfl[None, 1:] - cfl[:-1, None]           # FL[i, j] = flops of segments i..j
-        MEM = cpb[None, 1:] - cpb[:-1, None]
-        peak = np.full((n, n), -INF)
-        for i in range(n):
-            peak[i, i:] = np.maximum.accumulate(act[i:])
-        MEM = MEM + peak
-        tri = np.triu(np.ones((n, n), dtype=bool))
-        MEM[~tri] = INF
-
-        cand = np.flatnonzero(eligible & (free >= min_segment_memory(profile)))
+        MEM = _partition_memories(profile)
+        kmax = n if max_partitions is None else min(n, max_partitions)
+        self.kmin = min_partitions
+        self.latency = objective != "energy"
+        # A partition count only needs tracking when a bound on it can bind.
+        self.limited = kmax < n or min_partitions > 1
+        self.K = kmax if self.limited else 1
+        ok = eligible & (free >= min_segment_memory(profile))
+        if prune and min_partitions <= kmax:
+            ok = kept_devices(table, profile, objective, kmax, free, ok, (source, sink), MEM)
+        cand = np.flatnonzero(ok)
         self.cand = cand
         m = len(cand)
         self.m = m
-        self.latency = objective != "energy"
-        # A partition count only needs tracking when the cap can bind (it cannot above n).
-        if max_partitions is not None and max_partitions < n:
-            self.K = max_partitions
-            self.limited = True
-        else:
-            self.K = 1
-            self.limited = False
-        if m == 0:
+        if m == 0 or min_partitions > kmax:
+            self.m = 0
             return
         F = table.flops[cand]
         coef = 1.0 / F if self.latency else table.pact[cand] / F
         C = FL[:, :, None] * coef[None, None, :]
         C[MEM[:, :, None] > free[cand][None, None, :]] = INF
-        C[~tri] = INF
+        C[np.tri(n, k=-1, dtype=bool)] = INF
         self.C = C
         self.rh = table.rtt[cand] / 2.0
+        self.up_c = table.up[cand]
         if self.latency:
-            self.up_c = table.up[cand]
             u = 1.0 / self.up_c
             self.u = u
             self.w = 1.0 / table.down[cand]
             self.order = np.argsort(u, kind="stable")
             self.us = u[self.order]
+            self.rho = self.rh[self.order]
             self.thr = np.searchsorted(self.us, self.w, side="right")
+            self.has_p = self.thr > 0
+            self.has_s = self.thr < m
+            self.pi = np.maximum(self.thr - 1, 0)
+            self.si = np.minimum(self.thr, m - 1)
+            self.selfc = 2.0 * self.rh
+            self.selfm = np.maximum(u, self.w)
         else:
             self.tx = table.tx[cand]
             self.rx = table.rx[cand]
-            self.up_c = table.up[cand]
         # Arrival of the input from the source, and departure of the output to the sink.
         b_in, b_out = profile.input_bytes, float(self.out[-1])
         if self.latency:
@@ -161,12 +291,11 @@ class _Problem:
 
     def _sweep(self, G: np.ndarray, b: float) -> np.ndarray:
         """min over all a (self included) of G[a] + transfer(a, d), for every row and d."""
-        m, order, thr = self.m, self.order, self.thr
-        g = G[:, order] + self.rh[order]
+        g = G[:, self.order] + self.rho
         P = np.minimum.accumulate(g, axis=1)
         S = np.minimum.accumulate((g + (8.0 * b) * self.us)[:, ::-1], axis=1)[:, ::-1]
-        pv = np.where(thr > 0, P[:, np.maximum(thr - 1, 0)], INF) + (8.0 * b) * self.w
-        sv = np.where(thr < m, S[:, np.minimum(thr, m - 1)], INF)
+        pv = np.where(self.has_p, P[:, self.pi], INF) + (8.0 * b) * self.w
+        sv = np.where(self.has_s, S[:, self.si], INF)
         return np.minimum(pv, sv) + self.rh
 
     def _pair(self, b: float, z: np.ndarray) -> np.ndarray:
@@ -193,7 +322,7 @@ class _Problem:
         val = self._sweep(G, b)
         # d can only be its own argmin when its "self transfer" ties the minimum (up to rounding,
         # hence the slack): recompute those few exactly without d.
-        selfv = G + (2.0 * self.rh + (8.0 * b) * np.maximum(self.u, self.w))[None, :]
+        selfv = G + (self.selfc + (8.0 * b) * self.selfm)
         bad_r, bad_z = np.nonzero((selfv <= val + 1e-9 * np.abs(val)) & np.isfinite(val))
         if len(bad_r):
             val[bad_r, bad_z] = (G[bad_r] + self._pair(b, bad_z)).min(axis=1)
@@ -218,13 +347,12 @@ class _Problem:
                 C[:, emax + 1:, z] = INF
         A = np.full((n, K, m), INF)
         A[0, 0] = self.a0
-        frm: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-        Vs: list[np.ndarray] = [np.zeros(0)]
+        cands: list[np.ndarray] = [A[:0]]
+        Vs: list[np.ndarray] = [A[0]]
         for jp in range(1, n + 1):
             cand = A[:jp] + C[:jp, jp - 1][:, None, :]
-            f = np.argmin(cand, axis=0)
-            V = np.take_along_axis(cand, f[None], axis=0)[0]
-            frm.append(f)
+            V = cand.min(axis=0)
+            cands.append(cand)
             Vs.append(V)
             if jp < n:
                 b = float(self.out[jp - 1])
@@ -233,6 +361,8 @@ class _Problem:
                 elif K > 1:
                     A[jp, 1:] = self.arrive(V[:-1], b)
         tot = Vs[n] + self.e[None, :]
+        if self.kmin > 1:
+            tot[:self.kmin - 1] = INF
         flat = int(np.argmin(tot))
         best = float(tot.flat[flat])
         if not np.isfinite(best):
@@ -241,7 +371,7 @@ class _Problem:
         parts: list[tuple[int, int, int]] = []
         jp = n
         while True:
-            j = int(frm[jp][r, z])
+            j = int(np.argmin(cands[jp][:, r, z]))
             parts.append((j, jp - 1, z))
             if j == 0:
                 break
@@ -265,15 +395,19 @@ def _repeat(parts: list[tuple[int, int, int]]) -> tuple[int, int] | None:
 def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: int, *,
                 objective: str = "latency", max_partitions: int | None = None,
                 free: np.ndarray | None = None, eligible: np.ndarray | None = None,
-                node_limit: int = 200) -> ChainSolution | None:
+                node_limit: int = 200, min_partitions: int = 1,
+                prune: bool = True) -> ChainSolution | None:
     """The cheapest chain for ``profile`` from ``source`` to ``sink`` (table indices), or None.
 
-    ``free`` is each device's free memory, ``eligible`` the devices that passed the filters.
+    ``free`` is each device's free memory, ``eligible`` the devices that passed the filters;
+    the chain has between ``min_partitions`` and ``max_partitions`` partitions. ``prune=False``
+    skips dominance pruning (same optimum, for tests and comparisons).
     """
     D = len(table)
     free = table.memory if free is None else free
     eligible = np.ones(D, dtype=bool) if eligible is None else eligible
-    pb = _Problem(table, profile, source, sink, objective, max_partitions, free, eligible)
+    pb = _Problem(table, profile, source, sink, objective, max(1, min_partitions),
+                  max_partitions, free, eligible, prune)
     if pb.m == 0:
         return None
     n = pb.n

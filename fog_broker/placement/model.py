@@ -382,6 +382,8 @@ class Workload:
     max_partitions: int | None = None
     profile: ChainProfile | None = None
     model: str | None = None
+    #: The chain uses at least this many partitions (memory headroom, pipelining); default 1.
+    min_partitions: int = 1
 
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "energy"):
@@ -390,6 +392,17 @@ class Workload:
             raise SpecError(f"workload {self.name}: replicas must be >= 1")
         if self.max_partitions is not None and self.max_partitions < 1:
             raise SpecError(f"workload {self.name}: max_partitions must be >= 1")
+        mn = self.min_partitions
+        if isinstance(mn, bool) or not isinstance(mn, int) or mn < 1:
+            raise SpecError(f"workload {self.name}: min_partitions must be an integer >= 1, "
+                            f"got {mn!r}")
+        if self.max_partitions is not None and mn > self.max_partitions:
+            raise SpecError(f"workload {self.name}: min_partitions {mn} > max_partitions "
+                            f"{self.max_partitions}")
+        if self.profile is not None and mn > len(self.profile.segments):
+            raise SpecError(f"workload {self.name}: min_partitions {mn} > the "
+                            f"{len(self.profile.segments)} segments of model "
+                            f"'{self.profile.model}'")
         if self.profile is None and self.model is None:
             raise SpecError(f"workload {self.name}: needs exactly one of 'model' or 'profile'")
 
@@ -415,6 +428,7 @@ class Workload:
             max_partitions=None if mp is None else _int(mp, f"{w}.max_partitions", minimum=1),
             profile=ChainProfile.from_dict(d["profile"], f"{w}.profile") if "profile" in d else None,
             model=_str(d["model"], f"{w}.model") if "model" in d else None,
+            min_partitions=_int(d.get("min_partitions", 1), f"{w}.min_partitions", minimum=1),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -426,6 +440,8 @@ class Workload:
         }
         if self.max_partitions is not None:
             out["max_partitions"] = self.max_partitions
+        if self.min_partitions != 1:
+            out["min_partitions"] = self.min_partitions
         if self.profile is not None:
             out["profile"] = self.profile.to_dict()
         else:

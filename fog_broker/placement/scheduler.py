@@ -81,7 +81,6 @@ class _State:
     cfg: SchedulerConfig
     tenant_used: dict[str, float] = field(default_factory=dict)
     placed: dict[str, _Placed] = field(default_factory=dict)
-    static_cache: dict[Any, tuple[np.ndarray, list[str | None]]] = field(default_factory=dict)
 
     def commit(self, p: _Placed) -> None:
         for dev, b in p.usage:
@@ -98,9 +97,14 @@ class _State:
         return p
 
     def static(self, w: Workload) -> tuple[np.ndarray, list[str | None]]:
-        """Mask of devices passing the spec-only filters, and each device's first failed phrase."""
-        key = (w.selectors, w.tolerations)
-        hit = self.static_cache.get(key)
+        """Mask of devices passing the spec-only filters, and each device's first failed phrase.
+
+        The verdicts depend only on the immutable fleet snapshot, the workload's selectors and
+        tolerations and the battery floor, so they live in ``fleet.cache``: shared by replicas,
+        workloads with the same spec, and every reconcile on the same snapshot.
+        """
+        key = ("static", w.selectors, w.tolerations, self.cfg.battery_floor)
+        hit = self.fleet.cache.get(key)
         if hit is None:
             filters = (Alive(), NodeSelector(), TaintToleration(), EnergyFloor(self.cfg.battery_floor))
             phrases: list[str | None] = []
@@ -114,9 +118,20 @@ class _State:
                 st = first_failure(filters, w, NodeView(d, d.memory_bytes))
                 phrases.append(None if st.ok else st.reasons[0])
             mask = np.array([p is None for p in phrases], dtype=bool)
+            mask.setflags(write=False)
             hit = (mask, phrases)
-            self.static_cache[key] = hit
-        return hit
+            self.fleet.cache[key] = hit
+        return hit  # type: ignore[no-any-return]
+
+    def domains(self) -> tuple[np.ndarray, dict[str, int]]:
+        """Each device's power domain as a small integer code (cached per snapshot)."""
+        hit = self.fleet.cache.get("domains")
+        if hit is None:
+            codes: dict[str, int] = {}
+            arr = np.array([codes.setdefault(d.power_domain, len(codes))
+                            for d in self.fleet.devices], dtype=np.intp)
+            hit = self.fleet.cache["domains"] = (arr, codes)
+        return hit  # type: ignore[no-any-return]
 
 
 def _profile_memory(w: Workload) -> float:
@@ -165,7 +180,7 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
             (("quota", explain.quota_sentence(w.tenant, min_total, left)),),
             (("tenant", w.tenant), ("quota_asked_bytes", min_total),
              ("quota_left_bytes", left)), False)
-        fit = _attempt(w, _State(st.fleet, st.table, st.free, {}, st.cfg, {}, {}, st.static_cache))
+        fit = _attempt(w, _State(st.fleet, st.table, st.free, {}, st.cfg, {}, {}))
         if isinstance(fit, _Failure):
             return _Failure(qfail.reasons + fit.reasons, qfail.detail + fit.detail, False)
         return qfail
@@ -177,13 +192,17 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
     taken: set[str] = set()
     replicas: list[ReplicaPlacement] = []
     usage: list[tuple[int, float]] = []
+    dom_codes, dom_index = st.domains() if w.replicas > 1 else (None, {})
     for r in range(w.replicas):
-        domain_ok = np.array([d.power_domain not in taken for d in fleet.devices], dtype=bool) \
-            if taken else np.ones(len(fleet.devices), dtype=bool)
+        if taken:
+            assert dom_codes is not None
+            domain_ok = ~np.isin(dom_codes, [dom_index[t] for t in taken])
+        else:
+            domain_ok = np.ones(len(fleet.devices), dtype=bool)
         eligible = mask & domain_ok
         sol = solve_chain(st.table, profile, src, snk, objective=w.objective,
-                          max_partitions=w.max_partitions, free=scratch, eligible=eligible,
-                          node_limit=st.cfg.bnb_node_limit)
+                          max_partitions=w.max_partitions, min_partitions=w.min_partitions,
+                          free=scratch, eligible=eligible, node_limit=st.cfg.bnb_node_limit)
         if sol is None:
             gang.unreserve()
             return _fit_failure(w, st, r, mask, phrases, domain_ok, scratch, min_seg)
@@ -253,6 +272,8 @@ def _fit_failure(w: Workload, st: _State, replica: int, mask: np.ndarray,
                                     f"domains unused by the other replicas")
     summary = explain.fit_summary(total, fits, hist)
     sentence = explain.memory_sentence(need, largest, total_free, fits)
+    if w.min_partitions > 1:
+        sentence += f" (min_partitions {w.min_partitions})"
     if w.max_partitions is not None:
         sentence += f" (max_partitions {w.max_partitions})"
     reasons["fit"] = f"{summary}; {sentence}"
@@ -281,6 +302,8 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
         seen: set[str] = set()
         ds: set[str] = set()
         if w.max_partitions is not None and len(rep.partitions) > w.max_partitions:
+            return None
+        if len(rep.partitions) < w.min_partitions:
             return None
         parts = []
         for p in rep.partitions:

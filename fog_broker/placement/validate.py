@@ -55,6 +55,8 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
             where = f"{w.name} replica {k}"
             if w.max_partitions is not None and len(rep.partitions) > w.max_partitions:
                 errs.append(f"{where}: {len(rep.partitions)} partitions > max_partitions")
+            if len(rep.partitions) < w.min_partitions:
+                errs.append(f"{where}: {len(rep.partitions)} partitions < min_partitions")
             nxt = 0
             chain_devs: list[str] = []
             doms: dict[int, str] = {}
