@@ -396,14 +396,19 @@ def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: in
                 objective: str = "latency", max_partitions: int | None = None,
                 free: np.ndarray | None = None, eligible: np.ndarray | None = None,
                 node_limit: int = 200, min_partitions: int = 1,
-                prune: bool = True) -> ChainSolution | None:
+                prune: bool | None = None) -> ChainSolution | None:
     """The cheapest chain for ``profile`` from ``source`` to ``sink`` (table indices), or None.
 
     ``free`` is each device's free memory, ``eligible`` the devices that passed the filters;
-    the chain has between ``min_partitions`` and ``max_partitions`` partitions. ``prune=False``
-    skips dominance pruning (same optimum, for tests and comparisons).
+    the chain has between ``min_partitions`` and ``max_partitions`` partitions. Dominance
+    pruning never changes the optimum; ``prune=None`` (default) prunes from the second solve on
+    a table, so a one-off solve on a fresh snapshot does not pay for the dominator lists.
     """
     D = len(table)
+    if prune is None:
+        warm = table.cache.get("solves", 0)
+        table.cache["solves"] = warm + 1
+        prune = warm > 0
     free = table.memory if free is None else free
     eligible = np.ones(D, dtype=bool) if eligible is None else eligible
     pb = _Problem(table, profile, source, sink, objective, max(1, min_partitions),
