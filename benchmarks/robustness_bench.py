@@ -243,20 +243,21 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
     dnames = list(summary)
     rules = list(summary[dnames[0]])
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / len(dnames)
     for k, dname in enumerate(dnames):
         worst = [100 * summary[dname][r]["worst"] for r in rules]
-        ax.bar(np.arange(len(rules)) + k * width, worst, width, label=f"{dname} worst case")
+        bars = ax.bar(np.arange(len(rules)) + k * width, worst, width, label=f"{dname} worst case")
+        ax.bar_label(bars, fmt="%.1f", fontsize=6, padding=1)
         clean = 100 * summary[dname]["mean"]["accuracy"]["none"] if "mean" in rules else None
         if clean is not None:
             ax.axhline(clean, ls="--", lw=1, color=f"C{k}", label=f"{dname} clean FedAvg")
     ax.set_xticks(np.arange(len(rules)) + width * (len(dnames) - 1) / 2)
     ax.set_xticklabels(rules, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 105)
     ax.set_title(f"Worst case over {len(ATTACKS)} attacks, n={N_CLIENTS}, f={F}, digits softmax")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
-import numpy as np
-
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
 __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain"]
@@ -165,7 +163,3 @@ class Router:
 
     def _error(self, req: InferenceRequest, error: str) -> ReplyClient:
         return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000]))
-
-
-def as_tensors(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in d.items()}

@@ -3,10 +3,14 @@
 Threads and who owns what:
 
 * paho's network thread: only enqueues (``runtime.mqtt``).
-* the MQTT worker thread (``MqttClient``'s): *ingest*. It parses the topic,
-  verifies device envelopes (Ed25519, replay window, TOFU enrollment) and
-  decodes, then hands plain messages to the owner inbox. The verifier is
-  touched by this thread only.
+* the MQTT worker thread (``MqttClient``'s): parses a device topic and hands
+  the message to its verify shard (a device always maps to the same shard).
+* verify shards (``verify_workers``, default 2): batch their queue, check
+  envelopes (Ed25519, replay window, timestamp; TOFU enrollment of new
+  devices) in a worker process each (``verify_processes``) or in the thread,
+  and hand plain messages to the owner inbox. Signature checks are the bulk
+  of advert ingest, so they run outside the process that owns the cores.
+* the artifact thread: splits, hashes and signs partitions and publishes Deploys.
 * the owner thread: holds the registry, the controller, the router and the
   store. It pumps the inbox, runs the cores, executes their commands
   (build and sign artifacts, publish), and runs the timers (liveness,
@@ -18,7 +22,6 @@ import base64
 import json
 import logging
 import math
-import os
 import queue
 import threading
 import time
@@ -832,11 +835,3 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     return str(obj)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

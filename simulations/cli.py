@@ -40,3 +40,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--duration", type=float, default=None, help="override the simulated seconds")
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_simulate)
+    register_demo(subparsers)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from .demo import DemoConfig, run_demo
+    from .report import print_report, write_plots
+
+    out = Path(args.out) if args.out else Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    cfg = DemoConfig(out=out, agents=args.agents, requests=args.requests, rounds=args.rounds, rule=args.rule)
+    result = run_demo(cfg, quiet=args.json)
+    (out / "report.json").write_text(json.dumps(result, indent=1, default=str))
+    try:
+        plots = write_plots(result, out)
+    except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the report
+        plots = []
+        print(f"warning: plots not written: {exc}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1, default=str))
+    else:
+        print_report(result)
+        print(f"report: {out / 'report.json'}; plots: " + ", ".join(str(p) for p in plots))
+    return 0 if result.get("ok") else 1
+
+
+def register_demo(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("demo", help="run the whole system end to end on this machine, with faults, and report")
+    d.add_argument("--out", default=None, help="output directory (default out/demo/TIMESTAMP)")
+    d.add_argument("--agents", type=int, default=12)
+    d.add_argument("--requests", type=int, default=200)
+    d.add_argument("--rounds", type=int, default=5)
+    d.add_argument("--rule", default="centered_clipping", help="aggregation rule for the federated rounds")
+    d.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    d.set_defaults(func=_demo)

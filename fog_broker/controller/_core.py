@@ -626,8 +626,3 @@ class Controller:
                 entry.status = "degraded"
             else:
                 entry.status = "deploying"
-
-
-def lost_partitions(assignments: Iterable[Assignment]) -> list[Assignment]:
-    return [a for a in assignments if a.phase is Phase.LOST]
-

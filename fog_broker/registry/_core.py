@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Union
+from typing import Mapping, Union
 
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
 
@@ -354,8 +354,3 @@ class Registry:
         for r in self.devices.values():
             c[r.status.value] += 1
         return c
-
-
-def iter_lost(cmds: Iterable[Command]) -> list[DeviceLost]:
-    return [c for c in cmds if isinstance(c, DeviceLost)]
-

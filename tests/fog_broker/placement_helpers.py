@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 from fog_broker.placement import ChainProfile, Device, PartitionPlacement, Segment, chain_cost
 
@@ -39,14 +40,14 @@ def random_instance(rng: random.Random, n_dev: int, n_seg: int,
 
 
 def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, objective: str,
-                max_partitions: int | None, free: dict[str, float] | None = None
-                ) -> tuple[float, list[PartitionPlacement]] | None:
+                max_partitions: int | None, free: dict[str, float] | None = None,
+                min_partitions: int = 1) -> tuple[float, list[PartitionPlacement]] | None:
     """Enumerate every composition of the segments and every injective device assignment."""
     n = len(prof.segments)
     dm = {d.id: d for d in devs}
     free = free or {d.id: d.memory_bytes for d in devs}
     best: tuple[float, list[PartitionPlacement]] | None = None
-    for k in range(1, min(n, max_partitions or n) + 1):
+    for k in range(min_partitions, min(n, max_partitions or n) + 1):
         for cuts in itertools.combinations(range(1, n), k - 1):
             b = (0, *cuts, n)
             parts = [(b[i], b[i + 1] - 1) for i in range(k)]
@@ -58,3 +59,32 @@ def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, 
                 if best is None or c < best[0]:
                     best = (c, pl)
     return best
+
+
+def dominated_fleet(rng: random.Random, n_base: int, copies: int,
+                    tight: bool = True) -> list[Device]:
+    """Random base devices plus copies no better in any component (some exact duplicates).
+
+    Dominance is rare among independent random devices; these fleets make pruning bite, with
+    ties in every component and in memory so the tie-breaking rule is exercised too.
+    """
+    base, _ = random_instance(rng, n_base, 1, tight=tight)
+    mems = [rng.uniform(1e5, 2e6) if tight else 1e9 for _ in range(3)]
+    devs: list[Device] = []
+    for i, b in enumerate(base):
+        b = replace(b, memory_bytes=rng.choice(mems))
+        devs.append(replace(b, id=f"b{i}"))
+        for c in range(copies):
+            def worse(v: float, up: bool) -> float:
+                f = rng.choice([1.0, 1.0, rng.uniform(1.0, 3.0)])
+                return v / f if up else v * f
+            devs.append(replace(
+                b, id=f"b{i}c{c}", flops=worse(b.flops, True),
+                memory_bytes=rng.choice([b.memory_bytes, worse(b.memory_bytes, True)]),
+                uplink_bps=worse(b.uplink_bps, True), downlink_bps=worse(b.downlink_bps, True),
+                rtt_s=worse(b.rtt_s, False), power_active_w=worse(b.power_active_w, False),
+                tx_j_per_byte=worse(b.tx_j_per_byte, False),
+                rx_j_per_byte=worse(b.rx_j_per_byte, False),
+                labels=(("power-domain", f"p{(i + c) % 3}"),)))
+    rng.shuffle(devs)
+    return devs

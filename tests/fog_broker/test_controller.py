@@ -257,3 +257,22 @@ def test_partition_missing_from_reports_is_redeployed() -> None:
     assert deploys(c.reconcile(f, {"a": ()}, 2.0)) == []
     (d,) = deploys(c.reconcile(f, {"a": ()}, 3.1))
     assert d.device == "a"
+
+
+def test_a_serving_workload_is_not_dropped_when_it_cannot_be_planned() -> None:
+    """Its source going away (or any non-preemption reason) must not tear down running partitions."""
+    c = Controller(schedule)
+    f = fleet(SRC, dev("a"))
+    c.set_workload(workload(), 1)
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    c.set_workload(workload(priority=1), 1)  # forces a re-plan
+    cmds = c.reconcile(fleet(dev("a")), {}, 1.0)  # the source is not in the fleet
+    assert undeploys(cmds) == [] and len(c.chains("w")) == 1
+    assert "source" in c.workloads["w"].reasons
+
+
+def test_next_deadline_tracks_retries_and_startup() -> None:
+    c = Controller(schedule, ControllerConfig(ack_timeout_s=2.0))
+    c.set_workload(workload(), 1)
+    c.reconcile(fleet(SRC, dev("a")), {}, 0.0)
+    assert c.next_deadline() == 2.0

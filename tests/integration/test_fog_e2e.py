@@ -319,3 +319,26 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     doc = json.loads(r.stdout)
     assert {d["id"] for d in doc["devices"] if d["alive"]} >= {"cam", "w0", "w1", "w2"}
     c.close()
+
+
+def test_hung_agent_is_declared_dead_by_the_state_deadline(procs: Procs, mqtt: MosquittoBroker,
+                                                          tmp_path: Path) -> None:
+    """SIGSTOP: no Will for ~1.5 x keepalive, but 3 missed state intervals (1 s here) declare it dead."""
+    site = _site()
+    procs.fog(tmp_path / "fog", site, mqtt=mqtt.address)
+    hung = procs.agents(mqtt.port, site, [_worker(0, 400_000)], "agent-hung")
+    procs.agents(mqtt.port, site, [CAM], "agent-cam")
+    c = _client(mqtt.port, site, tmp_path)
+    _wait(lambda: _alive(c) >= {"cam", "w0"}, 30, "agents alive")
+    t0 = time.monotonic()
+    os.killpg(hung.pid, signal.SIGSTOP)
+    try:
+        _wait(lambda: "w0" not in _alive(c), 10, "w0 declared dead")
+        took = time.monotonic() - t0
+        dev = next(d for d in c.status()["devices"] if d["id"] == "w0")
+        assert dev["lost_reason"] == "missed state adverts", dev
+        assert took < 5.0, took  # before the keepalive Will (~7.5 s with keepalive 5 s)
+    finally:
+        os.killpg(hung.pid, signal.SIGCONT)
+    _wait(lambda: "w0" in _alive(c), 15, "w0 back after SIGCONT (rebirth)")
+    c.close()
