@@ -38,6 +38,7 @@ class DemoConfig:
     fl_nodes: int = 5
     byzantine: int = 1  # 20 % of 5
     rule: str = "centered_clipping"
+    rate: float = 40.0  # requests per second
     seed: int = 7
 
 
@@ -210,7 +211,11 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         max_diff = 0.0
         kill_at = time.monotonic() + 1e9
         progress = _progress(rep, cfg.requests, "requests")
+        pace = 1.0 / cfg.rate if cfg.rate > 0 else 0.0
+        next_send = time.monotonic()
         for i in range(cfg.requests):
+            next_send += pace
+            time.sleep(max(0.0, next_send - time.monotonic()))  # an open-loop client at ``rate`` req/s
             if i == cfg.requests // 2:
                 procs.kill9(victim)
                 kill_at = time.monotonic()

@@ -79,10 +79,12 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     # latency over time with the fault marked
     tl = result.get("timeline", [])
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    ok = [(e["t"], 1e3 * e["latency_s"]) for e in tl if e.get("latency_s") is not None and e["ok"]]
     bad = [(e["t"], 1e3 * e["latency_s"]) for e in tl if e.get("latency_s") is not None and not e["ok"]]
-    if ok:
-        ax.plot(*zip(*ok), ".", ms=4, label="answered")
+    for rep in sorted({e.get("replica", 0) for e in tl if e["ok"]}):
+        pts = [(e["t"], 1e3 * e["latency_s"]) for e in tl
+               if e.get("latency_s") is not None and e["ok"] and e.get("replica", 0) == rep]
+        if pts:
+            ax.plot(*zip(*pts), ".", ms=4, color=f"C{rep}", label=f"answered by replica {rep}")
     if bad:
         ax.plot(*zip(*bad), "x", color="r", label="error")
     for f in result.get("faults", []):

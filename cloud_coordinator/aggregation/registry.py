@@ -127,9 +127,9 @@ class Aggregator:
             if kw.get("iters", 1) < 1 or (kw.get("tau") is not None and not kw["tau"] > 0):
                 raise AggregationError("centered_clipping: iters must be >= 1 and tau > 0")
         res = fn(x, w, f=self.f, **kw)
-        chosen = sorted({c for i in res.selected for c in groups[i]})
-        rejected = {i: NOT_SELECTED for i in range(n) if i not in set(chosen)}
-        return AggregateResult(res.update, tuple(chosen), rejected, res.state)
+        chosen = {c for i in res.selected for c in groups[i]}
+        rejected = {i: NOT_SELECTED for i in range(n) if i not in chosen}
+        return AggregateResult(res.update, tuple(sorted(chosen)), rejected, res.state)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: rng state, rule state, round count (plain data)."""

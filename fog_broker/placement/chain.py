@@ -81,7 +81,7 @@ __all__ = ["DeviceTable", "ChainSolution", "solve_chain", "min_segment_memory", 
 
 INF = float("inf")
 #: Dominators remembered per device (most memory first); more prune more, at O(D*L) per solve.
-DOMINATOR_LIST = 48
+DOMINATOR_LIST = 32
 _BLOCK = 512
 
 
@@ -190,9 +190,38 @@ def _partition_memories(profile: ChainProfile) -> np.ndarray:
     return MEM
 
 
+@dataclass(frozen=True, slots=True)
+class _ProfileArrays:
+    """Per-profile arrays (flops and memory of every partition), shared by every solve."""
+
+    fl: np.ndarray    # flops per segment
+    out: np.ndarray   # out_bytes per segment
+    FL: np.ndarray    # FL[i, j] = flops of segments i..j
+    MEM: np.ndarray   # MEM[i, j] = memory of segments i..j, INF below the diagonal
+    mems: np.ndarray  # every partition memory, sorted, unique
+    lower: np.ndarray  # the strictly lower triangle (no partition)
+    min_seg: float
+
+    @classmethod
+    def of(cls, table: DeviceTable, profile: ChainProfile) -> _ProfileArrays:
+        key = ("profile", profile)
+        hit = table.cache.get(key)
+        if hit is None:
+            segs = profile.segments
+            n = len(segs)
+            fl = np.array([s.flops for s in segs])
+            cfl = np.concatenate(([0.0], np.cumsum(fl)))
+            MEM = _partition_memories(profile)
+            hit = cls(fl, np.array([s.out_bytes for s in segs]), cfl[None, 1:] - cfl[:-1, None],
+                      MEM, np.unique(MEM[np.isfinite(MEM)]), np.tri(n, k=-1, dtype=bool),
+                      min_segment_memory(profile))
+            table.cache[key] = hit
+        return hit  # type: ignore[no-any-return]
+
+
 def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_chain: int,
-                 free: np.ndarray, candidate: np.ndarray, always: Sequence[int] = (),
-                 memories: np.ndarray | None = None) -> np.ndarray:
+                 free: np.ndarray, candidate: np.ndarray, always: Sequence[int] = ()
+                 ) -> np.ndarray:
     """The candidates that survive dominance pruning for chains of at most ``max_chain`` partitions.
 
     A candidate is dropped when at least ``max_chain`` other candidates dominate it (module
@@ -202,8 +231,7 @@ def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_
     dom, weak = _dominator_lists(table, objective)
     if max_chain > dom.shape[1] or not candidate.any():
         return candidate.copy()
-    MEM = _partition_memories(profile) if memories is None else memories
-    mems = np.unique(MEM[np.isfinite(MEM)])
+    mems = _ProfileArrays.of(table, profile).mems
     pos = np.searchsorted(mems, free, side="right") - 1
     q = np.where(pos >= 0, mems[np.maximum(pos, 0)], -INF)
     qx = np.append(np.where(candidate, q, -INF), -INF)  # non-candidates and padding never dominate
@@ -216,29 +244,97 @@ def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_
     return keep
 
 
+def _ends(table: DeviceTable, profile: ChainProfile, source: int, sink: int, objective: str,
+          idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cost of the input reaching each device ``idx`` from the source, and of leaving to the sink."""
+    b_in, b_out = profile.input_bytes, float(profile.segments[-1].out_bytes)
+    if objective != "energy":
+        a0 = ((table.rtt[source] + table.rtt[idx]) / 2.0
+              + 8.0 * b_in / np.minimum(table.up[source], table.down[idx]))
+        e = ((table.rtt[idx] + table.rtt[sink]) / 2.0
+             + 8.0 * b_out / np.minimum(table.up[idx], table.down[sink]))
+    else:
+        a0 = b_in * table.tx[source] + b_in * table.rx[idx]
+        e = b_out * table.tx[idx] + b_out * table.rx[sink]
+    a0[idx == source] = 0.0
+    e[idx == sink] = 0.0
+    return a0, e
+
+
+def chain_length_bound(table: DeviceTable, profile: ChainProfile, source: int, sink: int,
+                       objective: str, kmax: int, free: np.ndarray, candidate: np.ndarray
+                       ) -> tuple[int, tuple[float, int] | None]:
+    """Most partitions an optimal chain needs, and the best one-device chain ``(value, device)``.
+
+    Any chain of ``k`` partitions costs at least ``LB(k) = head + middle + tail + cuts(k)``:
+    ``head`` = min over candidates ``d`` of arrival from the source plus segment 0 on ``d``
+    (the first device holds segment 0, so it fits it alone); ``tail`` likewise for the last
+    segment and the departure to the sink; ``middle`` = the other segments at the cheapest
+    rate of any candidate; ``cuts(k)`` = the ``k - 1`` smallest per-boundary lower bounds on a
+    transfer between two *different* candidates (consecutive partitions never share a device).
+    The best one-device chain is feasible, so its value ``UB >= OPT``; every ``k`` with
+    ``LB(k) > UB`` is beaten, and an optimal chain has at most ``max{k : LB(k) <= UB}``
+    partitions. Only valid when one partition is allowed (``min_partitions == 1``).
+    """
+    pa = _ProfileArrays.of(table, profile)
+    n = len(pa.fl)
+    idx = np.flatnonzero(candidate)
+    if len(idx) == 0:
+        return kmax, None
+    lat = objective != "energy"
+    coef = 1.0 / table.flops[idx] if lat else table.pact[idx] / table.flops[idx]
+    a0, e = _ends(table, profile, source, sink, objective, idx)
+    fr = free[idx]
+    whole = np.where(fr >= pa.MEM[0, n - 1], a0 + pa.FL[0, n - 1] * coef + e, INF)
+    best = int(np.argmin(whole))
+    ub = float(whole[best])
+    single = (ub, int(idx[best])) if np.isfinite(ub) else None
+    if kmax <= 1 or n == 1 or single is None:
+        return min(kmax, n), single
+    head = float(np.min(np.where(fr >= pa.MEM[0, 0], a0 + pa.fl[0] * coef, INF)))
+    tail = float(np.min(np.where(fr >= pa.MEM[n - 1, n - 1], pa.fl[-1] * coef + e, INF)))
+    middle = float(pa.fl[1:-1].sum()) * float(coef.min())
+    b = pa.out[:-1]
+    if lat:
+        cut = float(table.rtt[idx].min()) + 8.0 * b * max(
+            float((1.0 / table.up[idx]).min()), float((1.0 / table.down[idx]).min()))
+    else:
+        cut = b * (float(table.tx[idx].min()) + float(table.rx[idx].min()))
+    lb = head + middle + tail + np.concatenate(([0.0], np.cumsum(np.sort(cut))))  # lb[k-1]
+    slack = ub + 1e-9 * abs(ub)  # rounding must never exclude the optimum's length
+    k = int(np.count_nonzero(lb[:kmax] <= slack))
+    return max(1, k), single
+
+
 class _Problem:
     """Everything about one solve that does not change between branch-and-bound nodes."""
 
     def __init__(self, table: DeviceTable, profile: ChainProfile, source: int, sink: int,
                  objective: str, min_partitions: int, max_partitions: int | None,
                  free: np.ndarray, eligible: np.ndarray, prune: bool) -> None:
-        segs = profile.segments
-        n = len(segs)
+        pa = _ProfileArrays.of(table, profile)
+        n = len(pa.fl)
         self.n = n
-        fl = np.array([s.flops for s in segs])
-        self.out = np.array([s.out_bytes for s in segs])
-        cfl = np.concatenate(([0.0], np.cumsum(fl)))
-        FL = cfl[None, 1:] - cfl[:-1, None]           # FL[i, j] = flops of segments i..j
-        MEM = _partition_memories(profile)
+        self.out = pa.out
+        FL, MEM = pa.FL, pa.MEM
         kmax = n if max_partitions is None else min(n, max_partitions)
         self.kmin = min_partitions
         self.latency = objective != "energy"
         # A partition count only needs tracking when a bound on it can bind.
         self.limited = kmax < n or min_partitions > 1
         self.K = kmax if self.limited else 1
-        ok = eligible & (free >= min_segment_memory(profile))
+        self.single: tuple[float, int] | None = None
+        ok = eligible & (free >= pa.min_seg)
         if prune and min_partitions <= kmax:
-            ok = kept_devices(table, profile, objective, kmax, free, ok, (source, sink), MEM)
+            P = kmax
+            if min_partitions == 1:
+                P, single = chain_length_bound(table, profile, source, sink, objective, kmax,
+                                               free, ok)
+                if P == 1:  # the best one-device chain is optimal: no DP needed
+                    self.single = single
+                    self.m = 0
+                    return
+            ok = kept_devices(table, profile, objective, P, free, ok, (source, sink))
         cand = np.flatnonzero(ok)
         self.cand = cand
         m = len(cand)
@@ -250,7 +346,7 @@ class _Problem:
         coef = 1.0 / F if self.latency else table.pact[cand] / F
         C = FL[:, :, None] * coef[None, None, :]
         C[MEM[:, :, None] > free[cand][None, None, :]] = INF
-        C[np.tri(n, k=-1, dtype=bool)] = INF
+        C[pa.lower] = INF
         self.C = C
         self.rh = table.rtt[cand] / 2.0
         self.up_c = table.up[cand]
@@ -272,17 +368,7 @@ class _Problem:
             self.tx = table.tx[cand]
             self.rx = table.rx[cand]
         # Arrival of the input from the source, and departure of the output to the sink.
-        b_in, b_out = profile.input_bytes, float(self.out[-1])
-        if self.latency:
-            a0 = ((table.rtt[source] + table.rtt[cand]) / 2.0
-                  + 8.0 * b_in / np.minimum(table.up[source], table.down[cand]))
-            e = ((table.rtt[cand] + table.rtt[sink]) / 2.0
-                 + 8.0 * b_out / np.minimum(table.up[cand], table.down[sink]))
-        else:
-            a0 = b_in * table.tx[source] + b_in * table.rx[cand]
-            e = b_out * table.tx[cand] + b_out * table.rx[sink]
-        a0[cand == source] = 0.0
-        e[cand == sink] = 0.0
+        a0, e = _ends(table, profile, source, sink, objective, cand)
         self.a0 = a0
         self.e = e
         self.ar = np.arange(m)
@@ -413,6 +499,9 @@ def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: in
     eligible = np.ones(D, dtype=bool) if eligible is None else eligible
     pb = _Problem(table, profile, source, sink, objective, max(1, min_partitions),
                   max_partitions, free, eligible, prune)
+    if pb.single is not None:
+        value, z = pb.single
+        return ChainSolution(((0, pb.n - 1, z),), value, True, 0)
     if pb.m == 0:
         return None
     n = pb.n

@@ -242,3 +242,32 @@ def test_static_filters_cached_on_the_snapshot() -> None:
     assert len(keys) == 1
     p2 = schedule(fl, [w])
     assert p1.result("w").replicas == p2.result("w").replicas
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chain_length_bound_is_safe(seed: int) -> None:
+    """Every chain longer than the bound costs more than the best one-device chain."""
+    from fog_broker.placement.chain import chain_length_bound
+
+    rng = random.Random(700 + seed)
+    checked = 0
+    for _ in range(20):
+        devs, prof = random_instance(rng, rng.randint(2, 5), rng.randint(2, 4),
+                                     tight=rng.random() < 0.3)
+        n = len(prof.segments)
+        src, snk = rng.randrange(len(devs)), rng.randrange(len(devs))
+        obj = rng.choice(["latency", "energy"])
+        tab = DeviceTable.from_devices(devs)
+        ok = tab.memory >= min(s.param_bytes + s.activation_bytes for s in prof.segments)
+        k, single = chain_length_bound(tab, prof, src, snk, obj, n, tab.memory, ok)
+        ids = [d.id for d in devs]
+        one = brute_force(devs, prof, ids[src], ids[snk], obj, 1)
+        assert (single is None) == (one is None)
+        if single is None or one is None:
+            continue
+        assert single[0] == pytest.approx(one[0], rel=1e-9)
+        for longer in range(k + 1, n + 1):
+            bf = brute_force(devs, prof, ids[src], ids[snk], obj, longer, min_partitions=longer)
+            assert bf is None or bf[0] > single[0]
+            checked += 1
+    assert checked > 0
