@@ -6,8 +6,9 @@ Prints JSON on stdout and writes out/bench/aggregation.json. BLAS and OpenMP are
 pinned to one thread (environment variables set before numpy is imported, plus
 threadpoolctl when it is installed), so both sides run single-threaded. Timings
 are the best of ``--repeat`` runs, Fogline's and Flower's interleaved so both
-see the same background load (the 1-minute load average is recorded); peak extra memory is tracemalloc's peak
-(numpy reports its buffers to tracemalloc) in a separate, untimed run.
+see the same background load (the 1-minute load average is recorded). Peak
+extra memory is tracemalloc's peak (numpy reports its buffers to tracemalloc)
+in a separate, untimed run.
 """
 from __future__ import annotations
 
@@ -197,7 +198,8 @@ def _flower_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; JSON to stdout and out/bench/aggregation.json."""
-    ap = argparse.ArgumentParser(prog="fogline bench aggregation", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fogline bench aggregation",
+                                 description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="d=100,000 instead of 1,000,000")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)

@@ -147,7 +147,8 @@ def run_one(rule: str, attack: str, alpha: float | None, seed: int, s: Setup,
     xtr, ytr, xte, yte = data
     rng = np.random.default_rng(seed)
     parts = partition(ytr, N_CLIENTS, alpha, rng)
-    byz = np.sort(rng.choice(N_CLIENTS, F, replace=False)) if attack != "none" else np.array([], int)
+    byz = (np.sort(rng.choice(N_CLIENTS, F, replace=False)) if attack != "none"
+           else np.array([], dtype=np.intp))
     honest = np.setdiff1d(np.arange(N_CLIENTS), byz)
     ys = [atk.flip_labels(ytr[p], N_CLASSES) if (attack == "label_flip" and i in byz)
           else ytr[p] for i, p in enumerate(parts)]
@@ -227,7 +228,8 @@ def table(summary: dict[str, Any]) -> str:
     cols = ("none", *ATTACKS)
     lines = []
     for dname, rows in summary.items():
-        lines.append(f"\n{dname}: final test accuracy (%), mean over seeds; worst = min over attacks")
+        lines.append(f"\n{dname}: final test accuracy (%), mean over seeds; "
+                     "worst = min over attacks")
         lines.append(f"{'rule':<28}" + "".join(f"{c[:11]:>12}" for c in cols) + f"{'WORST':>8}")
         for rule, r in rows.items():
             lines.append(f"{rule:<28}" + "".join(f"{100 * r['accuracy'][c]:>12.1f}" for c in cols)
@@ -266,8 +268,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the experiment; table to stderr, JSON to stdout and out/bench/robustness.json."""
-    ap = argparse.ArgumentParser(prog="fogline bench robustness", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 seed, 25 rounds, Dirichlet only (< 60 s)")
+    ap = argparse.ArgumentParser(prog="fogline bench robustness",
+                                 description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="1 seed, 25 rounds, Dirichlet only (< 60 s)")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--rounds", type=int)

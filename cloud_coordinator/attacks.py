@@ -106,16 +106,21 @@ ALIE_STRENGTHS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 IPM_STRENGTHS: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 4.0, 10.0, 100.0)
 
 
+Place = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 def adaptive_alie(honest: np.ndarray, f: int, probe: Probe,
-                  strengths: Sequence[float] = ALIE_STRENGTHS, **kw: object) -> AttackOutcome:
+                  strengths: Sequence[float] = ALIE_STRENGTHS,
+                  place: Place | None = None) -> AttackOutcome:
     """ALIE with z tuned each round against the rule."""
-    return adaptive(honest, f, lambda z: alie(honest, f, z=z), strengths, probe, **kw)  # type: ignore[arg-type]
+    return adaptive(honest, f, lambda z: alie(honest, f, z=z), strengths, probe, place)
 
 
 def adaptive_ipm(honest: np.ndarray, f: int, probe: Probe,
-                 strengths: Sequence[float] = IPM_STRENGTHS, **kw: object) -> AttackOutcome:
+                 strengths: Sequence[float] = IPM_STRENGTHS,
+                 place: Place | None = None) -> AttackOutcome:
     """IPM with eps tuned each round against the rule."""
-    return adaptive(honest, f, lambda e: ipm(honest, f, eps=e), strengths, probe, **kw)  # type: ignore[arg-type]
+    return adaptive(honest, f, lambda e: ipm(honest, f, eps=e), strengths, probe, place)
 
 
 # Names the simulator and the robustness benchmark understand. "label_flip" acts on

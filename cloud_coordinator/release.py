@@ -36,7 +36,10 @@ def build_release(weights: Sequence[np.ndarray], identity: Identity, workload: s
     to_onnx = importlib.import_module(onnx_module).to_onnx
     blob = to_onnx([np.asarray(w, dtype=np.float32) for w in weights])
     artifact = blob if isinstance(blob, bytes) else blob.SerializeToString()
-    meta = {"workload": workload, "version": str(version), "format": "onnx", **dict(metadata or {})}
+    # The public key rides in the signed metadata so a fog broker can pin the coordinator on
+    # first use; later releases must verify against the pinned key, not this field.
+    meta = {"workload": workload, "version": str(version), "format": "onnx",
+            "public_key": identity.public_key_bytes.hex(), **dict(metadata or {})}
     sig = sign_artifact(identity, artifact, meta)
     return ModelRelease(workload, version, sig.sha256, artifact, sig.signature, identity.name, meta)
 

@@ -18,7 +18,7 @@ from typing import Any
 from runtime.errors import RemoteViolation
 from runtime.security import ArtifactSignature, Identity, sha256_hex, sign_artifact
 
-__all__ = ["ArtifactBuilder", "BuiltPartition", "MAX_SEGMENTS"]
+__all__ = ["ArtifactBuilder", "BuiltPartition", "MAX_SEGMENTS", "model_profile"]
 
 log = logging.getLogger(__name__)
 
@@ -88,23 +88,26 @@ class ArtifactBuilder:
             if not path.is_file():
                 raise RemoteViolation(f"model {ref[:120]!r} is neither zoo:NAME nor an uploaded file")
             model = onnx.load(str(path))
+        model = _pin_symbolic_dims(model)
         self._models[ref] = model
         return model
 
     def profile(self, ref: str) -> dict[str, Any]:
         """The COST_MODEL chain profile of a model (cached)."""
-        from models.cuts import chain_profile
         with self._lock:
-            prof = self._profiles.get(ref)
-            if prof is None:
-                try:
-                    prof = chain_profile(self._load(ref), self.max_segments)
-                except RemoteViolation:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - any model failure is the uploader's problem
-                    raise RemoteViolation(f"cannot profile model {ref[:80]!r}: {exc}"[:300]) from None
-                self._profiles[ref] = prof
-            return dict(prof.to_dict())
+            return dict(self._profile_locked(ref).to_dict())
+
+    def _profile_locked(self, ref: str) -> Any:
+        prof = self._profiles.get(ref)
+        if prof is None:
+            try:
+                prof = model_profile(self._load(ref), self.max_segments)
+            except RemoteViolation:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any model failure is the uploader's problem
+                raise RemoteViolation(f"cannot profile model {ref[:80]!r}: {exc}"[:300]) from None
+            self._profiles[ref] = prof
+        return prof
 
     # ------------------------------------------------------------ partitions
 
@@ -117,8 +120,7 @@ class ArtifactBuilder:
             if hit is not None:
                 self.hits += 1
                 return hit
-            self.profile_locked(ref)
-            art = split_by_segments(self._load(ref), self._profiles[ref], [(first, last)])[0]
+            art = split_by_segments(self._load(ref), self._profile_locked(ref), [(first, last)])[0]
             built = BuiltPartition(art.onnx_bytes, art.sha256, art.input_names, art.output_names,
                                    int(art.memory_bytes))
             if len(self._splits) >= self.max_cached:
@@ -127,12 +129,29 @@ class ArtifactBuilder:
             self.builds += 1
             return built
 
-    def profile_locked(self, ref: str) -> None:
-        if ref not in self._profiles:
-            from models.cuts import chain_profile
-            self._profiles[ref] = chain_profile(self._load(ref), self.max_segments)
-
     def sign(self, built: BuiltPartition, workload: str, version: int, replica: int,
              index: int) -> ArtifactSignature:
         meta = {"workload": workload, "version": str(version), "replica": str(replica), "index": str(index)}
         return sign_artifact(self.identity, built.onnx_bytes, meta)
+
+
+def _pin_symbolic_dims(model: Any) -> Any:
+    """Serve one request at a time: symbolic input dims (a batch ``N``) are pinned to 1."""
+    names = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
+             if d.HasField("dim_param")}
+    if not names:
+        return model
+    from models.graph import pin_dims
+    log.info("pinning symbolic dims %s to 1", sorted(names))
+    return pin_dims(model, {n: 1 for n in names})
+
+
+def model_profile(model: Any, max_segments: int = MAX_SEGMENTS) -> Any:
+    """The chain profile the scheduler places, for ``fogline place`` and the broker alike.
+
+    "balanced" keeps cuts near FLOP quantiles: the cheapest-bytes cuts of a CNN all
+    sit at its tail, which would leave one partition with nearly all the work.
+    """
+    from models.cuts import chain_profile
+
+    return chain_profile(_pin_symbolic_dims(model), max_segments, strategy="balanced")

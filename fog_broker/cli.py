@@ -57,13 +57,13 @@ def _resolve_models(workloads: Any, base: Path) -> Any:
             try:
                 import onnx
 
-                from models.cuts import chain_profile
+                from .artifacts import model_profile
             except ImportError:
                 out.append(w)  # stays pending with a "model" reason
                 continue
             path = (base / w.model)
             try:
-                prof = ChainProfile.coerce(chain_profile(onnx.load(str(path))))
+                prof = ChainProfile.coerce(model_profile(onnx.load(str(path))))
             except (OSError, ValueError) as exc:
                 raise SpecError(f"workload {w.name}: cannot profile model {path}: {exc}") from exc
             w = replace(w, profile=prof)

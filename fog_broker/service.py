@@ -33,11 +33,14 @@ from typing import Any, Callable, Mapping
 from runtime import codec
 from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
 from runtime.messages import (
+    ModelRelease,
     CommandAck, ControlReply, ControlRequest, Deploy, DeviceBirth, DeviceDeath, DeviceState, Envelope,
     FleetSummary, FogState, InferenceRequest, InferenceResult, Rebirth, Undeploy,
 )
 from runtime.mqtt import Inbound, MqttClient, Will
-from runtime.security import UNKNOWN_SENDER, Identity, Signer, TrustStore, Verifier
+from runtime.security import (
+    UNKNOWN_SENDER, ArtifactSignature, Identity, Signer, TrustStore, Verifier, verify_artifact,
+)
 from runtime.topics import ACK, BIRTH, DEATH, STATE, Topics, parse
 
 from .artifacts import ArtifactBuilder
@@ -123,6 +126,11 @@ class FogService:
             for sh in self._shards:
                 sh.worker = VerifyWorker(keys)
         self.operators_trust = TrustStore(path=c.data_dir / "operators.json")
+        # Coordinators that sign model releases: pinned on first use, like devices.
+        self.coordinators_trust = TrustStore(path=c.data_dir / "coordinators.json")
+        self._releases_path = c.data_dir / "releases.json"
+        self.releases: dict[str, dict[str, Any]] = (
+            json.loads(self._releases_path.read_text()) if self._releases_path.exists() else {})
         self.op_verifier = Verifier(self.operators_trust)
         self.registry = Registry(RegistryConfig(default_interval_s=c.state_interval_s,
                                                 battery_floor=c.battery_floor))
@@ -188,6 +196,7 @@ class FogService:
             self.mqtt.subscribe(t.all_devices(leaf), self._on_device, qos=0 if leaf == STATE else 1)
         self.mqtt.subscribe(t.infer(), self._on_other)
         self.mqtt.subscribe(t.control(), self._on_other)
+        self.mqtt.subscribe(t.release(), self._on_other)
         self.mqtt.subscribe(t.reply(self.config.fog_id), self._on_other)
         self.mqtt.on_connected.append(self._on_connected)
         self._owner.start()
@@ -617,6 +626,45 @@ class FogService:
                     self._workload_of(msg.request_id)), at, time.time()))
         elif topic == self.topics.control():
             self._control(msg, at)
+        elif topic == self.topics.release():
+            self._release(msg, at)
+
+    def _release(self, msg: Any, at: float) -> None:
+        """A signed new model version from the coordinator: keep it, roll workloads that follow it.
+
+        A workload follows a release by naming ``model: "release:NAME"``; each newer
+        release of NAME becomes a new version of that workload (gang re-placement).
+        """
+        if not isinstance(msg, ModelRelease):
+            self.counters["rejected:wrong kind"] += 1
+            return
+        pinned = self.coordinators_trust.key_bytes(msg.signer)
+        try:
+            key = pinned if pinned is not None else bytes.fromhex(msg.metadata.get("public_key", ""))
+            verify_artifact(key, msg.artifact, ArtifactSignature(msg.sha256, msg.signer, msg.signature,
+                                                                 dict(msg.metadata)))
+        except (ValueError, SecurityError) as exc:
+            self.counters["rejected:release"] += 1
+            log.warning("model release %s v%s refused: %s", msg.workload[:64], msg.version, exc)
+            return
+        if pinned is None:
+            self.coordinators_trust.enroll(msg.signer, key)
+            log.info("enrolled coordinator %s", msg.signer)
+        known = self.releases.get(msg.workload)
+        if known is not None and known["version"] >= msg.version:
+            self.counters["release:stale"] += 1
+            return
+        ref = self.artifacts.store_blob(msg.artifact)
+        self.releases[msg.workload] = {"version": msg.version, "model": ref, "signer": msg.signer,
+                                       "metadata": {k: v for k, v in msg.metadata.items() if k != "public_key"}}
+        tmp = self._releases_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.releases, indent=1))
+        tmp.replace(self._releases_path)
+        self.counters["releases"] += 1
+        log.info("model release %s v%d accepted (%s)", msg.workload, msg.version, ref[:17])
+        followers = [sw.spec for sw in self.store.workloads() if sw.spec.get("model") == f"release:{msg.workload}"]
+        if followers:
+            self._control_deploy({"workloads": followers}, at)
 
     def _workload_of(self, attempt_id: str) -> str:
         p = self.router._pending.get(attempt_id)  # noqa: SLF001 - same package, owner thread
@@ -672,7 +720,15 @@ class FogService:
         self.mqtt.publish(msg.reply_to, codec.encode(reply))
 
     def _workload_from(self, d: Mapping[str, Any], profile: Mapping[str, Any] | None) -> Workload:
-        w = Workload.from_dict(dict(d))
+        d = dict(d)
+        model = d.get("model")
+        if isinstance(model, str) and model.startswith("release:"):
+            rel = self.releases.get(model[len("release:"):])
+            if rel is None:
+                raise RemoteViolation(f"no release of {model[8:]!r} has reached this fog broker yet")
+            d["model"] = rel["model"]
+            profile = None  # the stored profile may be of an older release: profile the current one
+        w = Workload.from_dict(d)
         if w.model is not None and profile is None:
             profile = self.artifacts.profile(w.model)
         if profile is not None and w.profile is None:
@@ -781,6 +837,8 @@ class FogService:
                         "devices_live": counts["live"], "devices_suspect": counts["suspect"],
                         "devices_dead": counts["dead"]},
             "quotas": {t: q.memory_bytes for t, q in self.controller.quotas.items()},
+            "releases": {n: {**r["metadata"], "version": r["version"], "signer": r["signer"], "model": r["model"]}
+                         for n, r in self.releases.items()},
             "counters": {**dict(self.counters), **dict(self.ingest_counts()), **{f"controller.{k}": v for k, v in self.controller.counters.items()},
                          **{f"router.{k}": v for k, v in self.router.counters.items()},
                          "registry.stale": self.registry.stale,

@@ -177,7 +177,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
             profile = PROFILE_MIX[i % len(PROFILE_MIX)]
             procs.start(did, _python() + ["edge_agent", "--simulate", profile, "--id", did, "--data-dir",
                                           str(work / "agents" / did), "--site", SITE, "--state-interval", "2",
-                                          "--labels", f"power-domain=pd-{i % 4},zone=z-{i % 2}"], env)
+                                          "--labels", f"power-domain=pd-{i % 6},zone=z-{i % 2}"], env)
         devices = _wait(f"{cfg.agents} devices alive",
                         lambda: (lambda st: st["devices"] if sum(d["alive"] for d in st["devices"]) >= cfg.agents
                                  else None)(client.status()), 90, poll=0.5)
@@ -265,11 +265,15 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         fl = _federated(cfg, work, procs, env, rep, port, result)
         counters.update(fl)
 
+        # 6. the released model reaches the fleet -------------------------------------
+        counters["release_predictions_agree"] = _release(cfg, work, client, rep, result)
+
         counters["faults_injected"] = len(result["faults"])
         counters["recoveries"] = len(result["recoveries"])
         result["metrics"] = client.status()["metrics"]
         result["ok"] = (lost == 0 and mismatched == 0 and errors == 0
-                        and counters.get("rounds_completed", 0) >= cfg.rounds)
+                        and counters.get("rounds_completed", 0) >= cfg.rounds
+                        and result.get("release", {}).get("agreement") == 1.0)
     finally:
         if client is not None:
             client.close()
@@ -314,7 +318,7 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
                         "--f", str(cfg.byzantine), "--seed", str(cfg.seed), "--checkpoint-dir", str(ckpt),
                         "--replica-dir", str(replica), "--superlink", f"127.0.0.1:{superlink}",
                         "--min-clients", str(cfg.fl_nodes - cfg.byzantine), "--num-partitions", str(cfg.fl_nodes),
-                        "--round-timeout", "60", "--grace", "3", "--release-every", str(cfg.rounds),
+                        "--round-timeout", "60", "--grace", "3", "--release-every", "2",
                         "--mqtt", f"127.0.0.1:{mqtt_port}", "--site", SITE, "--workload", "digits",
                         "--timeout", "240"]
     procs.start("coordinator", argv, env)
@@ -350,3 +354,40 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
     result["federated"]["killed_after_round"] = at_kill
     return {"rounds_completed": int(report.get("rounds_done", 0)),
             "rounds_repeated": max(0, at_kill - int(resumed or 0))}
+
+
+def _release(cfg: DemoConfig, work: Path, client: Any, rep: Reporter, result: dict[str, Any]) -> int:
+    """Deploy the workload that follows the coordinator's releases; check it against the numpy model."""
+    from cloud_coordinator.store import CheckpointStore
+    import onnx
+
+    from models.train import SoftmaxRegression, load_digits_split, to_onnx
+
+    rep.step("release: the signed trained model reaches the fog broker; serve it as workload 'digits'")
+    rel = _wait("the final model release at the fog broker",
+                lambda: (lambda r: r if r and r.get("version") == cfg.rounds else None)(
+                    client.status().get("releases", {}).get("digits")), 60, poll=0.5)
+    client.deploy({"name": "digits", "tenant": "demo", "priority": 5, "replicas": 1, "objective": "latency",
+                   "source": "dev-00", "sink": "dev-01", "selectors": {}, "tolerations": [],
+                   "model": "release:digits"})
+    wl = client.wait_running("digits", timeout=60)
+    ckpt, _ = CheckpointStore([work / "ckpt", work / "ckpt-replica"]).load_latest()
+    model = SoftmaxRegression()
+    model.set_weights(list(ckpt.weights))
+    test_x, test_y = load_digits_split(cfg.fl_nodes, seed=cfg.seed).test
+    exported = to_onnx(list(ckpt.weights))
+    exported = exported if not isinstance(exported, bytes) else onnx.load_from_string(exported)
+    name = exported.graph.input[0].name
+    n = min(50, len(test_x))
+    agree = 0
+    for i in range(n):
+        x = test_x[i:i + 1].astype(np.float32)
+        out = client.infer("digits", {name: x}, timeout=5.0)
+        pred = int(np.argmax(next(iter(out.values()))))
+        agree += pred == int(model.predict(x)[0])
+    result["release"] = {"release_version": rel["version"], "workload_version": wl["version"],
+                         "signer": rel.get("signer"), "accuracy_at_release": rel.get("accuracy"),
+                         "placement": wl["placement"], "checked": n, "agreement": agree / n}
+    rep.say(f"release v{rel['version']} (signed by {rel.get('signer')}, accuracy {rel.get('accuracy')}) "
+            f"serving as digits v{wl['version']}: {agree}/{n} predictions equal the numpy model's")
+    return agree

@@ -15,7 +15,8 @@ from ._errors import AggregationError
 from ._result import AggregateResult
 
 __all__ = [
-    "NonFinite", "as_updates", "as_weights", "check_f", "nonfinite_rows", "guarded", "raise_nonfinite",
+    "NonFinite", "as_updates", "as_weights", "check_f", "nonfinite_rows", "guarded",
+    "raise_nonfinite",
 ]
 
 REASON_NONFINITE = "non-finite values"

@@ -39,7 +39,8 @@ _OPTIONS: dict[str, frozenset[str]] = {
     "geometric_median": frozenset({"tol", "max_iter", "nu"}),
     "centered_clipping": frozenset({"tau", "iters", "quantile"}),
 }
-_RULES: dict[str, tuple[RuleFn, frozenset[str]]] = {k: (_r.CORES[k], v) for k, v in _OPTIONS.items()}
+_RULES: dict[str, tuple[RuleFn, frozenset[str]]] = {
+    k: (_r.CORES[k], v) for k, v in _OPTIONS.items()}
 _PRE_KW = {"nnm": frozenset(), "bucketing": frozenset({"bucket_size"}),
            "clip": frozenset({"clip_norm"})}
 
@@ -115,7 +116,8 @@ class Aggregator:
             if p == "nnm":
                 mat = nnm_matrix(pairwise_sq_distances(x), self.f)
             else:
-                mat = bucketing_matrix(x.shape[0], int(self._pre_kw.get("bucket_size", 2)), self._rng)
+                size = int(self._pre_kw.get("bucket_size", 2))
+                mat = bucketing_matrix(x.shape[0], size, self._rng)
                 if w is not None:
                     w = mat.astype(bool) @ w
             x = mix(x, mat)

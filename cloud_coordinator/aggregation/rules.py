@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import AggregationError
-from ._kernels import centered_gram, combine, gram_to_sqdist, sorted_chunks
+from ._kernels import centered_gram, combine, sorted_chunks, sorted_rows
 from ._result import AggregateResult
 from ._validate import as_updates, as_weights, check_f, guarded
 from .distances import pairwise_sq_distances
@@ -140,7 +140,8 @@ def _krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResul
 
 
 def multi_krum(updates: np.ndarray, *, f: int, m: int | None = None,
-               weights: np.ndarray | None = None, reject_nonfinite: bool = False) -> AggregateResult:
+               weights: np.ndarray | None = None,
+               reject_nonfinite: bool = False) -> AggregateResult:
     """Multi-Krum: weighted mean of the m lowest-scoring updates (default m = n - f)."""
     x = as_updates(updates)
     return guarded(lambda x, w: _multi_krum_core(x, w, f=f, m=m), x, weights, reject_nonfinite)
@@ -164,17 +165,17 @@ def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateRes
     out = np.empty(d)
     lo, hi = (theta - 1) // 2, theta // 2
     two_f = 2 * f
-    windows = np.zeros((theta, two_f + 1))
+    windows = np.zeros((two_f + 1, theta))
     for s0 in range(two_f + 1):
-        windows[s0: s0 + beta, s0] = 1.0
-    for sl, a in sorted_chunks(x, rows):
-        med2 = a[:, lo] + a[:, hi]  # twice the median (input precision: picks a window)
+        windows[s0, s0: s0 + beta] = 1.0
+    for sl, a in sorted_rows(x, rows):
+        med2 = a[lo] + a[hi]  # twice the median (input precision: picks a window)
         # The window slides up while the value just above it is closer to the
         # median than its lowest value; that test is monotone in the start s, so
         # the start is the number of s in [0, 2f) where it holds.
-        start = (a[:, :two_f] + a[:, beta: beta + two_f] < med2[:, None]).sum(axis=1)
-        sums = a.astype(np.float64) @ windows  # every candidate window's sum, one gemm
-        out[sl] = np.take_along_axis(sums, start[:, None], axis=1)[:, 0]
+        start = (a[:two_f] + a[beta: beta + two_f] < med2).sum(axis=0)
+        sums = windows @ a.astype(np.float64)  # every candidate window's sum, one gemm
+        out[sl] = np.take_along_axis(sums, start[None, :], axis=0)[0]
     out /= beta
     sel = tuple(int(i) for i in rows)
     return AggregateResult(out, sel, _rejected(n, sel, NOT_SELECTED))
@@ -233,8 +234,9 @@ def geometric_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | N
     less than ``tol`` times the updates' RMS spread.
     """
     x = as_updates(updates)
-    return guarded(lambda x, w: _geometric_median_core(x, w, f=f, tol=tol, max_iter=max_iter, nu=nu),
-                   x, weights, reject_nonfinite)
+    return guarded(
+        lambda x, w: _geometric_median_core(x, w, f=f, tol=tol, max_iter=max_iter, nu=nu),
+        x, weights, reject_nonfinite)
 
 
 def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
@@ -276,8 +278,8 @@ def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | 
 
     v <- v + sum_i w_i clip_tau(x_i - v), ``iters`` times, from the previous
     aggregate (``state["v"]``; zero in round one). When ``tau`` is None the radius
-    is the ``quantile`` (default median) of the updates' distances from the starting point, so honest
-    updates pass mostly unclipped while each Byzantine update moves v by at most
+    is the ``quantile`` (default median) of the updates' distances from the starting
+    point, so honest updates pass mostly unclipped while each Byzantine update moves v by at most
     w_i * tau per iteration. All iterations run on the Gram matrix of [x; v0].
     """
     x = as_updates(updates)

@@ -66,6 +66,14 @@ smaller index: a strict partial order.
 Only the ``DOMINATOR_LIST`` dominators with the most memory are remembered
 per device (built once per table); counting fewer dominators prunes less and
 never breaks the argument.
+
+``P`` is usually much smaller than the segment count: when one partition is
+allowed, ``chain_length_bound`` compares a lower bound on any ``k``-partition
+chain with the best one-device chain (a feasible upper bound) and returns the
+largest ``k`` that can still win; every longer chain costs strictly more than
+that upper bound, so an optimal chain has at most that many partitions, and
+the swap argument needs only that many dominators. When the bound is 1 the
+best one-device chain is the optimum and no DP runs at all.
 """
 from __future__ import annotations
 
@@ -204,19 +212,22 @@ class _ProfileArrays:
 
     @classmethod
     def of(cls, table: DeviceTable, profile: ChainProfile) -> _ProfileArrays:
-        key = ("profile", profile)
-        hit = table.cache.get(key)
-        if hit is None:
-            segs = profile.segments
-            n = len(segs)
-            fl = np.array([s.flops for s in segs])
-            cfl = np.concatenate(([0.0], np.cumsum(fl)))
-            MEM = _partition_memories(profile)
-            hit = cls(fl, np.array([s.out_bytes for s in segs]), cfl[None, 1:] - cfl[:-1, None],
-                      MEM, np.unique(MEM[np.isfinite(MEM)]), np.tri(n, k=-1, dtype=bool),
-                      min_segment_memory(profile))
-            table.cache[key] = hit
-        return hit  # type: ignore[no-any-return]
+        # Keyed by identity (hashing a profile costs more than a solve step); the entry holds
+        # the profile itself, so the id cannot be reused while the entry exists.
+        key = ("profile", id(profile))
+        entry = table.cache.get(key)
+        if entry is not None and entry[0] is profile:
+            return entry[1]  # type: ignore[no-any-return]
+        segs = profile.segments
+        n = len(segs)
+        fl = np.array([s.flops for s in segs])
+        cfl = np.concatenate(([0.0], np.cumsum(fl)))
+        MEM = _partition_memories(profile)
+        hit = cls(fl, np.array([s.out_bytes for s in segs]), cfl[None, 1:] - cfl[:-1, None],
+                  MEM, np.unique(MEM[np.isfinite(MEM)]), np.tri(n, k=-1, dtype=bool),
+                  min_segment_memory(profile))
+        table.cache[key] = (profile, hit)
+        return hit
 
 
 def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_chain: int,

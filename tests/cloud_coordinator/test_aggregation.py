@@ -270,7 +270,7 @@ def test_krum_rejects_the_byzantine_rows() -> None:
         (lambda x: agg.get_rule("krum", 1, m=3), r"unknown options \['m'\]"),
     ],
 )
-def test_invalid_arguments_raise_clear_errors(call, match: str) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_arguments_raise_clear_errors(call, match: str) -> None:  # type: ignore
     x = np.random.default_rng(0).standard_normal((8, 5))
     with pytest.raises(agg.AggregationError, match=match):
         call(x)

@@ -22,7 +22,7 @@ def honest() -> np.ndarray:
         (lambda h: atk.alie(h, 5, z=1.5), lambda h: h.mean(axis=0) - 1.5 * h.std(axis=0)),
     ],
 )
-def test_attack_definitions(honest: np.ndarray, make, expect) -> None:  # type: ignore[no-untyped-def]
+def test_attack_definitions(honest: np.ndarray, make, expect) -> None:  # type: ignore
     bad = make(honest)
     assert bad.shape == (5, 30)
     for row in bad:
