@@ -18,11 +18,13 @@ from typing import Any
 from runtime.errors import RemoteViolation
 from runtime.security import ArtifactSignature, Identity, sha256_hex, sign_artifact
 
-__all__ = ["ArtifactBuilder", "BuiltPartition", "MAX_SEGMENTS", "model_profile"]
+__all__ = ["ArtifactBuilder", "BuiltPartition", "MAX_SEGMENTS", "MODEL_SCHEMES", "model_profile"]
 
 log = logging.getLogger(__name__)
 
 MAX_SEGMENTS = 16
+# Model references that name no local file: built-in zoo models, uploaded files, coordinator releases.
+MODEL_SCHEMES = ("zoo:", "file:", "release:")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -27,6 +27,8 @@ from runtime.mqtt import Inbound, MqttClient
 from runtime.security import Identity, Signer, sha256_hex
 from runtime.topics import ROOT, Topics
 
+from .artifacts import MODEL_SCHEMES
+
 __all__ = ["FogClient", "InferenceError", "ControlError", "operator_identity", "load_workloads_file"]
 
 
@@ -62,11 +64,15 @@ def prepare_deploy(doc: Mapping[str, Any], base_dir: str | Path = ".") -> dict[s
     for w in items:
         w = dict(w)
         model = w.get("model")
-        if isinstance(model, str) and not model.startswith(("zoo:", "file:")):
+        if isinstance(model, str) and not model.startswith(MODEL_SCHEMES):
             mp = Path(model)
             if not mp.is_absolute():
                 mp = Path(base_dir) / mp
-            data = mp.read_bytes()
+            try:
+                data = mp.read_bytes()
+            except OSError as exc:
+                raise LocalViolation(f"workload {w.get('name')!r}: cannot read model {str(mp)!r} "
+                                     f"({exc.strerror}); use a path, or {', '.join(MODEL_SCHEMES)}NAME") from None
             sha = sha256_hex(data)
             blobs[sha] = base64.b64encode(data).decode()
             w["model"] = f"file:{sha}"

@@ -70,6 +70,27 @@ def _parse(name: str) -> tuple[tuple[str, ...], str]:
     return tuple(pre), rule
 
 
+def _positive(v: object) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and bool(np.isfinite(v)) and v > 0
+
+
+def _check_options(name: str, kw: dict[str, Any]) -> None:
+    """Fail at construction, not in round 37, on a bad option value."""
+    checks = {
+        "tau": lambda v: v is None or _positive(v),
+        "iters": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
+        "quantile": lambda v: _positive(v) and v <= 1,
+        "bucket_size": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
+        "clip_norm": lambda v: v is None or _positive(v),
+        "m": lambda v: v is None or (isinstance(v, (int, np.integer)) and v >= 1),
+        "tol": _positive, "nu": _positive,
+        "max_iter": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
+    }
+    for k, v in kw.items():
+        if k in checks and not checks[k](v):
+            raise AggregationError(f"{name}: invalid value for option {k}: {v!r}")
+
+
 class Aggregator:
     """A configured pipeline with its cross-round state; one owner thread calls it."""
 
@@ -90,6 +111,7 @@ class Aggregator:
         self._rule = rule
         self._kw = {k: v for k, v in kw.items() if k in _RULES[rule][1]}
         self._pre_kw = {k: v for k, v in kw.items() if k not in _RULES[rule][1]}
+        _check_options(name, kw)
         self._rng = rng if rng is not None else np.random.default_rng(seed)
         self._state: dict[str, Any] | None = None
         self.rounds = 0
@@ -126,8 +148,6 @@ class Aggregator:
         kw = dict(self._kw)
         if self._rule == "centered_clipping":
             kw["state"] = self._state
-            if kw.get("iters", 1) < 1 or (kw.get("tau") is not None and not kw["tau"] > 0):
-                raise AggregationError("centered_clipping: iters must be >= 1 and tau > 0")
         res = fn(x, w, f=self.f, **kw)
         chosen = {c for i in res.selected for c in groups[i]}
         rejected = {i: NOT_SELECTED for i in range(n) if i not in chosen}

@@ -268,6 +268,9 @@ def test_krum_rejects_the_byzantine_rows() -> None:
         (lambda x: agg.get_rule("krumm", 1), r"unknown aggregation rule 'krumm'"),
         (lambda x: agg.get_rule("foo+krum", 1), r"unknown pre-aggregator 'foo'"),
         (lambda x: agg.get_rule("krum", 1, m=3), r"unknown options \['m'\]"),
+        (lambda x: agg.get_rule("centered_clipping", 1, quantile=2.0), r"option quantile"),
+        (lambda x: agg.get_rule("bucketing+mean", 1, bucket_size=0), r"option bucket_size"),
+        (lambda x: agg.get_rule("clip+mean", 1, clip_norm=-1.0), r"option clip_norm"),
     ],
 )
 def test_invalid_arguments_raise_clear_errors(call, match: str) -> None:  # type: ignore
