@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.broker import free_port, port_open
 from runtime.errors import FoglineError
 
 from .store import REPORT_FILE
 
-__all__ = ["CoordinatorOptions", "Supervisor", "flower_env", "write_app", "port_open", "free_port"]
+__all__ = ["CoordinatorOptions", "Supervisor", "flower_env", "write_app"]
 
 log = logging.getLogger(__name__)
 APP_DIR = ".flower_app"
@@ -45,20 +45,6 @@ class CoordinatorOptions:
     max_restarts: int = 5
     timeout_s: float = 3600.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _bin(name: str) -> str:

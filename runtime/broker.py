@@ -24,7 +24,7 @@ from typing import Sequence
 from .errors import LocalViolation
 from .topics import ROOT
 
-__all__ = ["BrokerConfig", "MosquittoBroker", "find_mosquitto", "free_port", "wait_port", "start_broker"]
+__all__ = ["BrokerConfig", "MosquittoBroker", "find_mosquitto", "free_port", "port_open", "wait_port", "start_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,18 @@ def find_mosquitto() -> str | None:
     return None
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def wait_port(host: str, port: int, timeout: float) -> bool:

@@ -207,7 +207,9 @@ class FleetSim:
             self._fleet = self.registry.fleet(self.controller.reserved(self._reported))
             self._dirty = False
         self._apply(self.controller.reconcile(self._fleet, self._reported, now), now)
-        self._up = {w.name: bool(self.controller.chains(w.name)) for w in self.workloads}
+        # After reconcile a status is current: running or degraded <=> at least one healthy chain.
+        wl = self.controller.workloads
+        self._up = {w.name: w.name in wl and wl[w.name].status in ("running", "degraded") for w in self.workloads}
 
     def run(self) -> SimResult:
         cfg = self.config

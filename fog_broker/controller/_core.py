@@ -293,10 +293,15 @@ class Controller:
         entry = self.workloads.get(workload)
         if entry is None:
             return []
+        return self._chains_of(workload, entry, [a for a in self.assignments.values()
+                                                 if a.key[0] == workload and a.key[1] == entry.version])
+
+    def _chains_of(self, workload: str, entry: WorkloadEntry,
+                   mine: Sequence[Assignment]) -> list[tuple[int, tuple[Hop, ...]]]:
+        """``chains`` over ``mine``: the workload's assignments of its version, in dict order."""
         by_rep: dict[int, list[Assignment]] = {}
-        for a in self.assignments.values():
-            if a.key[0] == workload and a.key[1] == entry.version:
-                by_rep.setdefault(a.replica, []).append(a)
+        for a in mine:
+            by_rep.setdefault(a.replica, []).append(a)
         out = []
         nseg = len(entry.spec.profile.segments) if entry.spec.profile is not None else -1
         for r in sorted(by_rep):
@@ -307,6 +312,18 @@ class Controller:
                     any(p.first != q.last + 1 for q, p in zip(parts, parts[1:])):
                 continue  # a chain in the middle of a re-plan: not complete
             out.append((r, tuple(Hop(a.device, workload, entry.version, r, a.index) for a in parts)))
+        return out
+
+    def _by_workload(self, *, skip_lost: bool = False) -> dict[str, list[Assignment]]:
+        """Assignments of each workload's current version, in dict order (one pass, not one per workload)."""
+        out: dict[str, list[Assignment]] = {}
+        workloads = self.workloads
+        for a in self.assignments.values():
+            if skip_lost and a.phase is Phase.LOST:
+                continue
+            e = workloads.get(a.key[0])
+            if e is not None and a.key[1] == e.version:
+                out.setdefault(a.key[0], []).append(a)
         return out
 
     def assignments_of(self, workload: str) -> list[Assignment]:
@@ -428,11 +445,11 @@ class Controller:
     def _current(self) -> dict[str, WorkloadPlacement]:
         """Placements as assigned now (any phase but LOST), per workload with complete replicas."""
         out: dict[str, WorkloadPlacement] = {}
-        for name, entry in self.workloads.items():
+        groups = self._by_workload(skip_lost=True)
+        for name in self.workloads:
             reps: dict[int, list[Assignment]] = {}
-            for a in self.assignments.values():
-                if a.key[0] == name and a.key[1] == entry.version and a.phase is not Phase.LOST:
-                    reps.setdefault(a.replica, []).append(a)
+            for a in groups.get(name, ()):
+                reps.setdefault(a.replica, []).append(a)
             if not reps:
                 continue
             replicas = []
@@ -511,8 +528,11 @@ class Controller:
         for d in fleet.devices:
             banned = (d.id in same_chain or d.id in a.excluded or d.id == a.device
                       or (w.replicas > 1 and d.power_domain in other_domains))
-            devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - used.get(d.id, 0.0)),
-                                   alive=d.alive and not banned))
+            u = used.get(d.id, 0.0)
+            if not banned and u == 0.0:
+                devices.append(d)  # what ``replace`` would build (memory_bytes >= 0): skip the copy
+                continue
+            devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - u), alive=d.alive and not banned))
         if src not in fleet.index or snk not in fleet.index:
             return None
         sub = Workload(name=f"{w.name}#repair", source=src, sink=snk, tenant=w.tenant,
@@ -614,12 +634,13 @@ class Controller:
         return out
 
     def _update_status(self) -> None:
+        groups = self._by_workload()
         for name, entry in self.workloads.items():
-            parts = [a for a in self.assignments.values() if a.key[0] == name and a.key[1] == entry.version]
+            parts = groups.get(name)
             if not parts:
                 entry.status = "pending"
                 continue
-            healthy = len(self.chains(name))
+            healthy = len(self._chains_of(name, entry, parts))
             if healthy == entry.spec.replicas:
                 entry.status = "running"
             elif healthy > 0:

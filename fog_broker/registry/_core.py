@@ -167,6 +167,50 @@ def _positive(v: float) -> float:
     return v if v > 0 and math.isfinite(v) else 1.0
 
 
+def _reporting(rec: DeviceRecord) -> bool:
+    return rec.alive and rec.state is not None and rec.state.epoch == rec.epoch
+
+
+def _inputs(rec: DeviceRecord, reserved: float) -> tuple[object, ...]:
+    """Everything ``_device`` reads of a record: equal inputs give an equal ``Device``."""
+    b = rec.birth
+    st = rec.state if rec.state is not None and rec.state.epoch == rec.epoch else None
+    if st is None:
+        return (b, rec.alive, None)
+    return (b, rec.alive, (st.free_memory_bytes, st.battery_level, st.charging, st.uplink_bps, st.rtt_s,
+                           reserved))
+
+
+def _device(did: str, inputs: tuple[object, ...]) -> Device:
+    b, alive, figures = inputs
+    assert isinstance(b, DeviceBirth)
+    mem = float(b.memory_bytes)
+    battery = None
+    uplink, rtt = b.uplink_bps, b.rtt_s
+    if figures is None:
+        if b.battery_capacity_wh is not None:
+            battery = Battery(b.battery_capacity_wh, 1.0, False)
+    else:
+        free, level, charging, st_uplink, st_rtt, reserved = figures  # type: ignore[misc]
+        mem = min(mem, float(free) + reserved)
+        if b.battery_capacity_wh is not None:
+            lv = level if level is not None else 1.0
+            battery = Battery(b.battery_capacity_wh, min(max(lv, 0.0), 1.0), bool(charging))
+        if st_uplink:
+            uplink = st_uplink
+        if st_rtt is not None:
+            rtt = st_rtt
+    return Device(
+        id=did, flops=_positive(b.flops), memory_bytes=max(mem, 0.0),
+        uplink_bps=_positive(uplink), downlink_bps=_positive(b.downlink_bps),
+        rtt_s=rtt, power_active_w=b.power_active_w, power_idle_w=b.power_idle_w,
+        tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
+        labels=tuple(sorted(b.labels.items())),
+        taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
+        battery=battery, alive=bool(alive),
+    )
+
+
 class Registry:
     """Device records and their liveness; one owner thread drives it."""
 
@@ -176,6 +220,17 @@ class Registry:
         self.stale = 0          # adverts of an old connection, ignored
         self.ignored = 0        # transitions with no effect (death of an unknown device, ...)
         self.accepted = 0
+        # Incremental views: ``fleet()`` and ``reported()`` rebuild only the records touched since
+        # their last call (a 10,000-device fleet is too big to rebuild per reconcile). Every
+        # mutation of a record goes through ``_touch``; ``invalidate()`` drops the caches for a
+        # caller that edits records by hand.
+        self._fleet_dirty: set[str] = set()
+        self._reported_dirty: set[str] = set()
+        self._built: dict[str, tuple[tuple[object, ...], Device]] = {}  # id -> (inputs, Device)
+        self._order: list[str] = []      # sorted ids of ``_built``
+        self._fleet: Fleet | None = None
+        self._last_reserved: dict[str, float] = {}
+        self._reported: dict[str, tuple[PartitionStatus, ...]] | None = None
 
     # ------------------------------------------------------------ events
 
@@ -184,6 +239,10 @@ class Registry:
         rec = self.devices.get(advert.device_id)
         if rec is None:
             rec = self.devices[advert.device_id] = DeviceRecord(advert.device_id, since=now)
+        if advert is not rec.state:
+            # Re-delivery of the state object we hold changes nothing a view shows but the
+            # status, which ``_set`` reports itself; anything else may change the record.
+            self._touch(rec.device_id)
         if rec.status is not DeviceStatus.UNKNOWN and advert.epoch < rec.epoch:
             self.stale += 1
             return []
@@ -255,17 +314,34 @@ class Registry:
         rec = self.devices.get(device_id)
         if rec is None:
             rec = self.devices[device_id] = DeviceRecord(device_id, since=now)
+            self._touch(device_id)
         return self._ask_rebirth(rec, now, reason)
 
     def forget(self, device_id: str) -> None:
         self.devices.pop(device_id, None)
+        self._touch(device_id)
+
+    def invalidate(self) -> None:
+        """Drop the cached views (after editing records other than through this class)."""
+        self._built.clear()
+        self._order = []
+        self._fleet = None
+        self._last_reserved = {}
+        self._reported = None
+        self._fleet_dirty.clear()
+        self._reported_dirty.clear()
 
     # ------------------------------------------------------------ helpers
+
+    def _touch(self, device_id: str) -> None:
+        self._fleet_dirty.add(device_id)
+        self._reported_dirty.add(device_id)
 
     def _set(self, rec: DeviceRecord, status: DeviceStatus, now: float) -> None:
         if rec.status is not status:
             rec.status = status
             rec.since = now
+            self._touch(rec.device_id)
 
     def _ask_rebirth(self, rec: DeviceRecord, now: float, reason: str) -> list[Command]:
         if now - rec.rebirth_asked_at < self.config.rebirth_backoff_s:
@@ -288,9 +364,27 @@ class Registry:
         return sorted(d for d, r in self.devices.items() if r.alive)
 
     def reported(self) -> dict[str, tuple[PartitionStatus, ...]]:
-        """Partitions each live device reports running (latest state of its current connection)."""
-        return {d: r.partitions() for d, r in self.devices.items()
-                if r.alive and r.state is not None and r.state.epoch == r.epoch}
+        """Partitions each live device reports running (latest state of its current connection).
+
+        A new dict per call, in the order of ``devices``; only touched records are re-read.
+        """
+        rep = self._reported
+        if rep is None:
+            rep = {d: r.partitions() for d, r in self.devices.items() if _reporting(r)}
+        else:
+            members = False
+            for did in self._reported_dirty:
+                rec = self.devices.get(did)
+                if rec is not None and _reporting(rec):
+                    members = members or did not in rep
+                    rep[did] = rec.partitions()
+                elif rep.pop(did, None) is not None:
+                    members = True
+            if members:  # back to the order of ``devices`` (a device keeps its place there)
+                rep = {d: rep[d] for d in self.devices if d in rep}
+        self._reported = rep
+        self._reported_dirty.clear()
+        return dict(rep)
 
     def fleet(self, reserved: Mapping[str, float] | None = None) -> Fleet:
         """The scheduler's snapshot: birth resources, latest state figures.
@@ -298,35 +392,39 @@ class Registry:
         ``memory_bytes`` is what the device can give partitions: its birth figure,
         lowered to the free memory it reports plus ``reserved`` (memory of the
         partitions we placed there, which ``current`` charges again).
+
+        Incremental: a ``Device`` is rebuilt only when its inputs (birth, liveness, state
+        figures, reserved memory) changed, and the same ``Fleet`` object (with its derived
+        ``cache``) is returned while none did.
         """
         reserved = reserved or {}
-        devices = []
-        for did in sorted(self.devices):
-            rec = self.devices[did]
-            b = rec.birth
-            if b is None:
+        last = self._last_reserved
+        check = self._fleet_dirty
+        check.update(d for d, v in reserved.items() if last.get(d, 0.0) != v)
+        check.update(d for d, v in last.items() if d not in reserved and v != 0.0)
+        built = self._built
+        changed = members = False
+        for did in check:
+            rec = self.devices.get(did)
+            old = built.get(did)
+            if rec is None or rec.birth is None:
+                if old is not None:
+                    del built[did]
+                    changed = members = True
                 continue
-            st = rec.state if rec.state is not None and rec.state.epoch == rec.epoch else None
-            mem = float(b.memory_bytes)
-            if st is not None:
-                mem = min(mem, float(st.free_memory_bytes) + float(reserved.get(did, 0.0)))
-            battery = None
-            if b.battery_capacity_wh is not None:
-                level = st.battery_level if st is not None and st.battery_level is not None else 1.0
-                battery = Battery(b.battery_capacity_wh, min(max(level, 0.0), 1.0),
-                                  bool(st.charging) if st is not None else False)
-            uplink = st.uplink_bps if st is not None and st.uplink_bps else b.uplink_bps
-            rtt = st.rtt_s if st is not None and st.rtt_s is not None else b.rtt_s
-            devices.append(Device(
-                id=did, flops=_positive(b.flops), memory_bytes=max(mem, 0.0),
-                uplink_bps=_positive(uplink), downlink_bps=_positive(b.downlink_bps),
-                rtt_s=rtt, power_active_w=b.power_active_w, power_idle_w=b.power_idle_w,
-                tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
-                labels=tuple(sorted(b.labels.items())),
-                taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
-                battery=battery, alive=rec.alive,
-            ))
-        return Fleet(tuple(devices))
+            key = _inputs(rec, float(reserved.get(did, 0.0)))
+            if old is not None and old[0] == key:
+                continue
+            built[did] = (key, _device(did, key))
+            changed = True
+            members = members or old is None
+        check.clear()
+        self._last_reserved = dict(reserved)
+        if members:
+            self._order = sorted(built)
+        if changed or self._fleet is None:
+            self._fleet = Fleet(tuple(built[d][1] for d in self._order))
+        return self._fleet
 
     def summaries(self) -> tuple[DeviceSummary, ...]:
         """Per-device summary for the coordinator's energy-aware client selection."""

@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
-from cloud_coordinator.launcher import free_port, port_open
+from runtime.broker import free_port, port_open
 from cloud_coordinator.release import KEY_FILE
 from cloud_coordinator.store import CheckpointStore
 from runtime import codec
