@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from fog_broker.controller import Controller, ControllerConfig, DeployPartition, UndeployPartition
@@ -23,7 +23,7 @@ from .churn import Battery, FailureModel, drain, next_failure
 from .profiles import PROFILES, DeviceProfile
 from .scenario import Scenario
 
-__all__ = ["SimDevice", "SimConfig", "SimResult", "FleetSim", "make_fleet", "run_scenario"]
+__all__ = ["SimDevice", "SimConfig", "SimResult", "FleetSim", "make_fleet", "run_scenario", "scaled"]
 
 _KEY = b"\x00" * 32  # the simulation does not sign: identities are not under test here
 
@@ -72,6 +72,10 @@ class SimConfig:
     failure: FailureModel | None = None
     battery_interval_s: float = 60.0   # how often batteries are updated
     seed: int = 0
+    #: Crash this share of the fleet at once at ``mass_failure_at_s`` (None: never), e.g. a
+    #: power-domain outage; victims come from their own seeded stream.
+    mass_failure_at_s: float | None = None
+    mass_failure_fraction: float = 0.1
 
 
 @dataclass
@@ -88,6 +92,10 @@ class SimResult:
     workload_status: dict[str, str]
     availability: dict[str, float]
     counters: dict[str, int]
+    #: With ``SimConfig.mass_failure_at_s``: devices crashed, partitions and workloads hit,
+    #: sim seconds from the crash until every hit workload ran all replicas elsewhere, and the
+    #: wall time of the scheduler solves spent on it.
+    mass_failure: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         def pct(xs: Sequence[float], q: float) -> float | None:
@@ -106,6 +114,7 @@ class SimResult:
             "schedule_p99_ms": (pct(self.schedule_wall_s, 0.99) or 0) * 1e3,
             "availability": {k: round(v, 5) for k, v in self.availability.items()},
             "workload_status": self.workload_status, "counters": self.counters,
+            **({"mass_failure": self.mass_failure} if self.mass_failure else {}),
         }
 
 
@@ -149,6 +158,10 @@ class FleetSim:
         self._dirty = True
         self._fleet: Any = None
         self._reported: Any = None
+        self.mass: dict[str, Any] = {}
+        self._mass_hit: list[Any] = []  # the Assignment objects on the crashed devices
+        self._mass_workloads: list[str] = []
+        self._mass_solves = 0
 
     def _timed_schedule(self, *args: Any, **kw: Any) -> Any:
         t0 = self._clock()
@@ -226,6 +239,8 @@ class FleetSim:
         self._push(0.0, "reconcile", token)
         self._push(cfg.state_interval_s, "adverts")
         self._push(cfg.battery_interval_s, "battery")
+        if cfg.mass_failure_at_s is not None:
+            self._push(cfg.mass_failure_at_s, "mass_failure")
         now = 0.0
         while self._heap:
             now, _, kind, payload = heapq.heappop(self._heap)
@@ -267,10 +282,14 @@ class FleetSim:
             elif kind == "battery":
                 self._batteries(now)
                 self._push(now + cfg.battery_interval_s, "battery")
+            elif kind == "mass_failure":
+                self._mass_failure(now)
             if kind == "reconcile" and payload != token:
                 continue  # superseded by a later schedule
             # reconcile after every event, as the broker's owner thread does after each inbox item
             self._reconcile(now)
+            if self._mass_hit:
+                self._mass_check(now)
             deadline = min(self.controller.next_deadline(), now + self.controller.config.replan_interval_s)
             token += 1
             self._push(max(deadline, now + 0.01), "reconcile", token)
@@ -283,7 +302,7 @@ class FleetSim:
             schedule_calls=len(self.schedule_wall), schedule_wall_s=list(self.schedule_wall),
             workload_status={n: e.status for n, e in self.controller.workloads.items()},
             availability={w: (t / now if now else 0.0) for w, t in self._up_total.items()},
-            counters=dict(self.controller.counters))
+            counters=dict(self.controller.counters), mass_failure=dict(self.mass))
 
     def _crash(self, dev: SimDevice, now: float) -> None:
         if not dev.alive:
@@ -296,6 +315,44 @@ class FleetSim:
             self._push(now + self.config.will_delay_s, "will", (dev.device_id, dev.epoch))
         if self.config.failure is not None:
             self._push(now + self.rng.expovariate(1.0 / self.config.failure.mttr_s), "recover", dev.device_id)
+
+    def _mass_failure(self, now: float) -> None:
+        cfg = self.config
+        pick = random.Random(cfg.seed * 1_000_003 + 17)  # its own stream: the victims do not depend on history
+        ids = sorted(self.devices)
+        victims = set(pick.sample(ids, min(len(ids), round(cfg.mass_failure_fraction * len(ids)))))
+        # A workload whose source or sink died cannot run anywhere until that device returns:
+        # that times the device's repair, not the re-placement, so those are counted apart.
+        ends = {w.name for w in self.workloads if w.source in victims or w.sink in victims}
+        self._mass_hit = [a for a in self.controller.assignments.values()
+                          if a.device in victims and a.workload not in ends]
+        hit_workloads = sorted({a.workload for a in self._mass_hit})
+        self.mass = {"at_s": now, "devices": len(victims), "partitions_hit": len(self._mass_hit),
+                     "workloads_hit": len(hit_workloads), "workloads_without_endpoint": len(ends),
+                     "recovered_after_s": None,
+                     "schedule_calls": 0, "schedule_wall_s": 0.0}
+        self._mass_workloads = hit_workloads
+        self._mass_solves = len(self.schedule_wall)
+        crashes = self.crashes
+        for did in ids:
+            if did in victims:
+                self._crash(self.devices[did], now)
+        self.mass["devices_crashed"] = self.crashes - crashes  # some may have been down already
+        if not self._mass_hit:
+            self.mass["recovered_after_s"] = 0.0
+
+    def _mass_check(self, now: float) -> None:
+        """Recovered: no hit assignment is current any more and every hit workload runs all replicas."""
+        current = self.controller.assignments
+        if any(current.get(a.key) is a for a in self._mass_hit):
+            return
+        wl = self.controller.workloads
+        if any(w in wl and wl[w].status != "running" for w in self._mass_workloads):
+            return
+        solves = self.schedule_wall[self._mass_solves:]
+        self.mass.update(recovered_after_s=round(now - self.mass["at_s"], 3), schedule_calls=len(solves),
+                         schedule_wall_s=round(sum(solves), 4))
+        self._mass_hit = []
 
     def _recover(self, dev: SimDevice, now: float) -> None:
         dev.alive = True
@@ -325,12 +382,29 @@ class FleetSim:
                 self._crash(dev, now)  # battery death is a crash whose Will the broker sends
 
 
+def scaled(scenario: Scenario, devices: int) -> Scenario:
+    """The same scenario on ``devices`` devices: sources and sinks ``dev-N`` become ``dev-(N mod devices)``.
+
+    For a spread workload (``dev-((7k + off) mod n)``) this is the scenario written for ``devices``
+    whenever ``devices`` divides the original count.
+    """
+    def remap(end: Any) -> Any:
+        if isinstance(end, str) and end.startswith("dev-") and end[4:].isdigit():
+            return f"dev-{int(end[4:]) % devices:05d}"
+        return end
+
+    workloads = [{**w, "source": remap(w.get("source")), "sink": remap(w.get("sink"))} for w in scenario.workloads]
+    return replace(scenario, devices=devices, workloads=workloads)
+
+
 def run_scenario(scenario: Scenario, *, clock: Callable[[], float],
-                 duration_s: float | None = None) -> SimResult:
+                 duration_s: float | None = None, mass_failure_at_s: float | None = None,
+                 mass_failure_fraction: float = 0.1) -> SimResult:
     """Build the fleet and workloads of a scenario and run the discrete-event engine."""
     rng = scenario.rng()
     devices = make_fleet(scenario.devices, rng, scenario.mix or None, power_domains=scenario.power_domains)
     workloads = [Workload.from_dict(w, f"workload {w.get('name')}") for w in scenario.workloads]
     cfg = SimConfig(duration_s=duration_s or scenario.duration_s, state_interval_s=scenario.state_interval_s,
-                    failure=scenario.failure, hang_fraction=scenario.hang_fraction, seed=scenario.seed)
+                    failure=scenario.failure, hang_fraction=scenario.hang_fraction, seed=scenario.seed,
+                    mass_failure_at_s=mass_failure_at_s, mass_failure_fraction=mass_failure_fraction)
     return FleetSim(devices, workloads, cfg, clock=clock).run()

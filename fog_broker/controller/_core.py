@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 PartKey = tuple[str, int, int, int]  # workload, version, replica, index
+AWAIT_BUILD = "await-build"  # sha256 placeholder of a re-planned key until its artifact is built
 ScheduleFn = Callable[..., Plan]  # schedule(fleet, workloads, current=..., quotas=...) -> Plan
 
 
@@ -260,7 +261,9 @@ class Controller:
                     a.lost_at = now
                     a.reason = "not reported after restart"
             self._need_plan = True
-        alive = {d.id for d in fleet.devices if d.alive}
+        alive = fleet.cache.get("alive_ids")
+        if alive is None:  # derived from the immutable snapshot: computed once per snapshot
+            alive = fleet.cache["alive_ids"] = frozenset(d.id for d in fleet.devices if d.alive)
         for a in self.assignments.values():
             if a.phase is not Phase.LOST and a.device not in alive:
                 a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
@@ -381,6 +384,8 @@ class Controller:
             for p in parts:
                 key = (p.workload, p.version, p.replica, p.index)
                 a = self.assignments.get(key)
+                if a is not None and a.device == dev and a.sha256 == AWAIT_BUILD:
+                    continue  # the old partition under a re-planned key: neither ours nor an orphan
                 mine = a is not None and a.device == dev and (not a.sha256 or a.sha256 == p.sha256)
                 if not mine:
                     if self.ready:
@@ -497,6 +502,13 @@ class Controller:
             out.append(Persist(a.workload))
         for name in sorted(failed):
             # No device takes the lost partition with its cuts: re-plan the workload whole.
+            if self._serving(name):
+                # A healthy replica still serves: never tear it down for the broken one. The lost
+                # partitions stay LOST (repaired above as soon as a device can take them); a whole
+                # re-plan is tried at the re-plan interval, and keeps what serves if it fails.
+                if now - self._last_plan >= self.config.replan_interval_s:
+                    self._need_plan = True
+                continue
             self.counters["repair_fallbacks"] += 1
             for key in [k for k, x in self.assignments.items() if k[0] == name]:
                 x = self.assignments.pop(key)
@@ -606,7 +618,11 @@ class Controller:
                 continue
             if a is not None and a.phase is not Phase.LOST:
                 out.append(self._undeploy(a.device, key))
-            self.assignments[key] = Assignment(key, p.device, p.first, p.last, next_try=now, lost_at=lost_at)
+            # Same key, same device, other segments: that device's reports of the key describe the
+            # old partition until the new artifact's sha is known, so they must not count as ours.
+            sha = AWAIT_BUILD if a is not None and a.device == p.device else ""
+            self.assignments[key] = Assignment(key, p.device, p.first, p.last, sha256=sha, next_try=now,
+                                               lost_at=lost_at)
             self._first_sent.pop(key, None)
             changed = True
         if changed:

@@ -228,6 +228,8 @@ class Registry:
         self._reported_dirty: set[str] = set()
         self._built: dict[str, tuple[tuple[object, ...], Device]] = {}  # id -> (inputs, Device)
         self._order: list[str] = []      # sorted ids of ``_built``
+        self._row: dict[str, int] = {}   # id -> position in ``_order``
+        self._list: list[Device] = []    # the devices of the next snapshot, in ``_order``
         self._fleet: Fleet | None = None
         self._last_reserved: dict[str, float] = {}
         self._reported: dict[str, tuple[PartitionStatus, ...]] | None = None
@@ -324,11 +326,11 @@ class Registry:
     def invalidate(self) -> None:
         """Drop the cached views (after editing records other than through this class)."""
         self._built.clear()
-        self._order = []
+        self._order, self._row, self._list = [], {}, []
         self._fleet = None
         self._last_reserved = {}
         self._reported = None
-        self._fleet_dirty.clear()
+        self._fleet_dirty = set(self.devices)
         self._reported_dirty.clear()
 
     # ------------------------------------------------------------ helpers
@@ -404,6 +406,7 @@ class Registry:
         check.update(d for d, v in last.items() if d not in reserved and v != 0.0)
         built = self._built
         changed = members = False
+        changed_ids: list[str] = []
         for did in check:
             rec = self.devices.get(did)
             old = built.get(did)
@@ -418,12 +421,18 @@ class Registry:
             built[did] = (key, _device(did, key))
             changed = True
             members = members or old is None
+            changed_ids.append(did)
         check.clear()
         self._last_reserved = dict(reserved)
         if members:
             self._order = sorted(built)
+            self._row = {d: i for i, d in enumerate(self._order)}
+            self._list = [built[d][1] for d in self._order]
+        elif changed:
+            for did in changed_ids:
+                self._list[self._row[did]] = built[did][1]
         if changed or self._fleet is None:
-            self._fleet = Fleet(tuple(built[d][1] for d in self._order))
+            self._fleet = Fleet(tuple(self._list))
         return self._fleet
 
     def summaries(self) -> tuple[DeviceSummary, ...]:

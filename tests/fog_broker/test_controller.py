@@ -276,3 +276,46 @@ def test_next_deadline_tracks_retries_and_startup() -> None:
     c.set_workload(workload(), 1)
     c.reconcile(fleet(SRC, dev("a")), {}, 0.0)
     assert c.next_deadline() == 2.0
+
+
+def test_healthy_replica_survives_an_unrepairable_loss() -> None:
+    c = Controller(schedule)
+    c.set_workload(workload(replicas=2), 1)
+    f = fleet(SRC, dev("a"), dev("b"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    assert [r for r, _ in c.chains("w")] == [0, 1]
+    victim = c.chains("w")[0][1][0].device_id
+    c.device_lost(victim, 1.0)
+    f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices])
+    for t in (1.0, 1.5, 7.0):
+        cmds = c.reconcile(f2, {}, t)
+        assert undeploys(cmds) == [] and deploys(cmds) == []
+        assert len(c.chains("w")) == 1, t
+    # a device comes back: only the lost partition is re-placed
+    f3 = fleet(*f2.devices, dev("c"))
+    cmds = c.reconcile(f3, {}, 8.0)
+    assert [d.device for d in deploys(cmds)] == ["c"] and not undeploys(cmds)
+
+
+def test_a_replanned_key_on_the_same_device_ignores_reports_of_the_old_partition() -> None:
+    from fog_broker.placement.model import PartitionPlacement, ReplicaPlacement
+
+    c = Controller(schedule)
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"), dev("b"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    old = c.assignments_of("w")[0]
+    old_report = {old.device: (PartitionStatus(*old.key, sha256="1" * 64, health="running"),), "src": ()}
+    old.sha256 = "1" * 64
+    # re-plan: same key (replica 0, index 0) on the same device, other segments
+    new = ReplicaPlacement((PartitionPlacement(0, 0, old.device), PartitionPlacement(1, 3, "b")), 0.0, 0.0)
+    cmds = c._apply(c.workloads["w"], [new], 1.0, float("nan"))  # noqa: SLF001 - the core's own step
+    assert [u.device for u in undeploys(cmds)] == [old.device]
+    c.reconcile(f, old_report, 1.1)  # the device still lists the old partition under the same key
+    a = c.assignments[old.key]
+    assert a.phase is not Phase.RUNNING and (a.first, a.last) == (0, 0)
+    assert not undeploys(c.reconcile(f, old_report, 10.0))  # not an orphan either
+    c.note_sha(old.key, "2" * 64)  # the new artifact is built
+    new_report = {old.device: (PartitionStatus(*old.key, sha256="2" * 64, health="running"),), "src": ()}
+    c.reconcile(f, new_report, 11.0)
+    assert c.assignments[old.key].phase is Phase.RUNNING

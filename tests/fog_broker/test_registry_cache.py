@@ -141,7 +141,10 @@ def test_invalidate_after_editing_records_by_hand() -> None:
     rng = random.Random(3)
     reg = Registry()
     reg.handle(_birth(rng, "a", 1), 0.0)
+    reg.handle(_birth(rng, "b", 1), 0.0)
     reg.fleet()
     reg.devices["a"].birth = None
     reg.invalidate()
-    assert reg.fleet().devices == () and reg.reported() == {}
+    assert [d.id for d in reg.fleet().devices] == ["b"] and reg.reported() == {}
+    reg.invalidate()  # a full rebuild of unchanged records gives an equal snapshot
+    assert reg.fleet() == reference_fleet(reg)

@@ -222,9 +222,12 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
                 assert w is not None
                 reps = sorted({r for r, *_ in _scheduled(w)})
                 rep = rng.choice(reps)
-                hosts = sorted({d for r, _, d, _ in _scheduled(w) if r == rep and d not in (SOURCE, SINK)})
+                now = time.monotonic()
+                spare = {d for _, _, d, _ in _scheduled(w)
+                         if d not in (SOURCE, SINK) and ground.dead_at(d, now) is None}
+                hosts = sorted({d for r, _, d, _ in _scheduled(w) if r == rep} & spare)
                 if not hosts:  # this replica lives on the source/sink only: take the other one
-                    hosts = sorted({d for _, _, d, _ in _scheduled(w) if d not in (SOURCE, SINK)})
+                    hosts = sorted(spare)
                 victim = rng.choice(hosts)
                 procs.kill9(victim)
                 t_kill = time.monotonic()
@@ -278,9 +281,19 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
         if load is not None:
             load.stop(0.0)
         client.close()
+        # post-mortem record, pass or fail: events, every request, every status snapshot
+        (tmp_path / "chaos.json").write_text(json.dumps({
+            "seed": SEED, "events": ground.events,
+            "outcomes": [{**vars(o), "sent_at": round(o.sent_at - ground.t0, 3),
+                          "done_at": round(o.done_at - ground.t0, 3)} for o in (load.outcomes if load else [])],
+            "snapshots": [{"t": round(a - ground.t0, 3), "ready": st["ready"], "epoch": st["epoch"],
+                           "alive": sorted(d["id"] for d in st["devices"] if d["alive"]),
+                           "res": _workload(st, "res")} for a, _, st in list(snapshots)]},
+            indent=1, default=str))
 
     # ---------------------------------------------------------------- invariants
     outcomes = sorted(load.outcomes, key=lambda o: o.seq)
+
     kinds = {k: sum(o.kind == k for o in outcomes) for k in ("ok", "error", "timeout", "exception")}
     errors: dict[str, int] = {}
     for o in outcomes:
@@ -301,6 +314,16 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
                    for kill, ready in ground.fog_down)
     lost = [(round(o.sent_at - ground.t0, 2), o.error) for o in outcomes if o.kind == "timeout" and not in_downtime(o)]
     assert not lost, f"{len(lost)} requests unanswered outside the fog broker's downtime: {lost[:10]}"
+    # 1b. one replica's worth down at a time: the other replica serves, except while the fog broker
+    #     itself is down or waits for its devices after a restart
+    def fog_restarting(o: Any) -> bool:
+        return any(kill - CLIENT_WAIT_S - 0.5 <= o.sent_at <= ready + STARTUP_WAIT_S + FOG_READY_SLACK_S
+                   for kill, ready in ground.fog_down)
+    unserved = [(round(o.sent_at - ground.t0, 2), o.error[:120]) for o in outcomes
+                if o.kind == "error" and "no running replica" in o.error and not fog_restarting(o)]
+    assert not unserved, f"{len(unserved)} requests found no running replica while one was healthy: {unserved[:5]}"
+    other = [o for o in outcomes if o.kind == "error" and not fog_restarting(o)]
+    assert len(other) <= 0.05 * load.sent, [(round(o.sent_at - ground.t0, 2), o.error[:120]) for o in other][:10]
     # 2. every result is the monolithic model's
     bad = [(o.seq, o.max_diff) for o in outcomes if o.kind == "ok" and not (o.max_diff is not None and o.max_diff <= 1e-4)]
     assert not bad, f"{len(bad)} results differ from the monolithic model: {bad[:10]}"

@@ -60,3 +60,30 @@ def test_builtin_scenarios_load_and_bad_ones_are_named(tmp_path):
     bad.write_text("[fleet]\ndevices = 'many'\n")
     with pytest.raises(ScenarioError, match="fleet.devices"):
         load_scenario(bad)
+
+
+def test_mass_failure_is_repaired_and_timed():
+    devs = make_fleet(40, random.Random(6))
+    cfg = SimConfig(duration_s=600.0, seed=6, mass_failure_at_s=200.0, mass_failure_fraction=0.25)
+    r = FleetSim(devs, _workloads(4), cfg, clock=_fake_clock()).run()
+    m = r.summary()["mass_failure"]
+    assert m["at_s"] == 200.0 and m["devices"] == 10 and m["devices_crashed"] == 10
+    assert m["partitions_hit"] > 0 and m["workloads_hit"] > 0  # (seed chosen so that it hits)
+    # the Will arrives after 0.05 s, the repair deploys in 0.2 s: everything runs again well within a second
+    assert 0.2 <= m["recovered_after_s"] < 1.0
+    assert m["schedule_calls"] >= m["partitions_hit"] > 0
+    assert all(s == "running" for s in r.workload_status.values())
+
+
+def test_no_mass_failure_means_no_mass_report_and_unchanged_run():
+    a = _run(3).summary()
+    assert "mass_failure" not in a
+
+
+def test_scaled_scenario_keeps_spread_endpoints_inside_the_fleet():
+    from simulations.des import scaled
+    s = scaled(load_scenario("city-10k"), 1000)
+    assert s.devices == 1000 and len(s.workloads) == 100
+    ends = {w[e] for w in s.workloads for e in ("source", "sink")}
+    assert all(int(x[4:]) < 1000 for x in ends)
+    assert s.workloads[3]["source"] == f"dev-{(3 * 7) % 1000:05d}"
