@@ -24,7 +24,7 @@ from typing import Sequence
 from .errors import LocalViolation
 from .topics import ROOT
 
-__all__ = ["BrokerConfig", "MosquittoBroker", "find_mosquitto", "free_port", "port_open", "wait_port", "start_broker"]
+__all__ = ["BrokerConfig", "BrokerProcess", "MosquittoBroker", "find_mosquitto", "free_port", "port_open", "wait_port", "start_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,51 @@ class BrokerConfig:
     acl: bool = False
 
 
-class MosquittoBroker:
+class BrokerProcess:
+    """What every broker we launch offers: a child process we can check, stop or kill."""
+
+    host: str
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> "BrokerProcess":
+        raise NotImplementedError
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (tests use it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        self._exited()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._exited()
+
+    def _exited(self) -> None:
+        """Release what the child held (subclasses)."""
+
+    def __enter__(self) -> "BrokerProcess":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class MosquittoBroker(BrokerProcess):
     """A supervised mosquitto process with a generated config."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -144,33 +188,6 @@ class MosquittoBroker:
             raise LocalViolation(f"mosquitto did not open port {self.port}; see {self.log_path}")
         return self
 
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would (tests use it)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=5)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-
-    def __enter__(self) -> "MosquittoBroker":
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _identities(tls_dir: Path | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -225,7 +242,7 @@ def acl_text(fog_ids: Sequence[str] = (), cloud_ids: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def start_broker(data_dir: Path, port: int = 0, *, allow_fallback: bool = True) -> "MosquittoBroker | object":
+def start_broker(data_dir: Path, port: int = 0, *, allow_fallback: bool = True) -> BrokerProcess:
     """Start mosquitto, or the embedded fallback (with a loud warning) when it is absent."""
     if find_mosquitto() is not None:
         return MosquittoBroker(BrokerConfig(data_dir=data_dir, port=port)).start()

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .broker import free_port, wait_port
+from .broker import BrokerProcess, free_port, wait_port
 from .errors import LocalViolation
 
 __all__ = ["FallbackBroker", "start_fallback", "rumqttd_config", "available"]
@@ -75,7 +75,7 @@ def rumqttd_config(host: str, port: int, *, max_payload: int = 16 * 1024 * 1024,
     ])
 
 
-class FallbackBroker:
+class FallbackBroker(BrokerProcess):
     """A supervised rumqttd child process; same surface as ``MosquittoBroker``."""
 
     def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
@@ -85,10 +85,6 @@ class FallbackBroker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.conf_path = self.data_dir / "rumqttd.toml"
         self.log_path = self.data_dir / "rumqttd.log"
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> "FallbackBroker":
         if not available():
@@ -107,35 +103,9 @@ class FallbackBroker:
             raise LocalViolation(f"fallback broker did not open port {self.port}; see {self.log_path}")
         return self
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=5)
-        self._close_stdin()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self._close_stdin()
-
-    def _close_stdin(self) -> None:
+    def _exited(self) -> None:  # the child exits when its stdin closes: close it
         if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
-
-    def __enter__(self) -> "FallbackBroker":
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def start_fallback(data_dir: Path, port: int) -> FallbackBroker:
