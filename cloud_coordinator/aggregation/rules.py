@@ -168,13 +168,16 @@ def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateRes
     windows = np.zeros((two_f + 1, theta))
     for s0 in range(two_f + 1):
         windows[s0, s0: s0 + beta] = 1.0
-    for sl, a in sorted_rows(x, rows):
-        med2 = a[lo] + a[hi]  # twice the median (input precision: picks a window)
+    for sl, a32 in sorted_rows(x, rows):
+        # float64: sums of two float32 values are exact there, so near-equidistant values are
+        # told apart exactly (in float32 the sums round and pick the wrong window).
+        a = a32.astype(np.float64)
+        med2 = a[lo] + a[hi]  # twice the median
         # The window slides up while the value just above it is closer to the
         # median than its lowest value; that test is monotone in the start s, so
         # the start is the number of s in [0, 2f) where it holds.
         start = (a[:two_f] + a[beta: beta + two_f] < med2).sum(axis=0)
-        sums = windows @ a.astype(np.float64)  # every candidate window's sum, one gemm
+        sums = windows @ a  # every candidate window's sum, one gemm
         out[sl] = np.take_along_axis(sums, start[None, :], axis=0)[0]
     out /= beta
     sel = tuple(int(i) for i in rows)
