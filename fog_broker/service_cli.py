@@ -94,9 +94,9 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _adopt_or_start_mosquitto(args: argparse.Namespace, data_dir: Path) -> tuple[Any, str, int]:
-    """Start mosquitto; after a crash of this process, re-attach to the mosquitto it left running."""
-    from runtime.broker import BrokerConfig, MosquittoBroker, wait_port
-    from runtime.errors import LocalViolation
+    """Start mosquitto (or, where it is not installed, the embedded fallback, with a loud warning);
+    after a crash of this process, re-attach to the broker it left running."""
+    from runtime.broker import start_broker, wait_port
     mdir = data_dir / "mqtt"
     owner = mdir / "owner.json"
     if owner.exists():
@@ -104,16 +104,13 @@ def _adopt_or_start_mosquitto(args: argparse.Namespace, data_dir: Path) -> tuple
             info = json.loads(owner.read_text())
             pid, port = int(info["pid"]), int(info["port"])
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"mosquitto" in cmdline and port == args.port and wait_port(args.host, port, 0.5):
+            ours = b"mosquitto" in cmdline or b"runtime.fallback_broker" in cmdline
+            if ours and port == args.port and wait_port(args.host, port, 0.5):
                 log.warning("re-attached to mosquitto pid %d left running on port %d", pid, port)
                 return _Adopted(pid), args.host, port
         except (OSError, ValueError, KeyError):
             pass
-    b = MosquittoBroker(BrokerConfig(data_dir=mdir, port=args.port, host=args.host))
-    try:
-        b.start()
-    except LocalViolation:
-        raise
+    b = start_broker(mdir, args.port, host=args.host)
     assert b.proc is not None
     owner.write_text(json.dumps({"pid": b.proc.pid, "port": b.port}))
     return b, b.host, b.port

@@ -242,12 +242,18 @@ def acl_text(fog_ids: Sequence[str] = (), cloud_ids: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def start_broker(data_dir: Path, port: int = 0, *, allow_fallback: bool = True) -> BrokerProcess:
-    """Start mosquitto, or the embedded fallback (with a loud warning) when it is absent."""
-    if find_mosquitto() is not None:
-        return MosquittoBroker(BrokerConfig(data_dir=data_dir, port=port)).start()
+def start_broker(data_dir: Path, port: int = 0, *, host: str = "127.0.0.1",
+                 allow_fallback: bool = True) -> BrokerProcess:
+    """Start mosquitto, or the embedded fallback (with a loud warning) when it is absent.
+
+    ``FOGLINE_BROKER=fallback`` in the environment picks the fallback even where
+    mosquitto is installed (to try the zero-install path).
+    """
+    forced = os.environ.get("FOGLINE_BROKER", "") == "fallback"
+    if find_mosquitto() is not None and not forced:
+        return MosquittoBroker(BrokerConfig(data_dir=data_dir, port=port, host=host)).start()
     if not allow_fallback:
         raise LocalViolation("mosquitto not found: install the Debian package 'mosquitto'")
     from .fallback_broker import start_fallback  # lazy: optional dependency
 
-    return start_fallback(data_dir, port)
+    return start_fallback(data_dir, port, host)

@@ -108,9 +108,9 @@ class FallbackBroker(BrokerProcess):
             self.proc.stdin.close()
 
 
-def start_fallback(data_dir: Path, port: int) -> FallbackBroker:
-    """Start the embedded broker on 127.0.0.1 (logs a loud WARNING: see the module docstring)."""
-    return FallbackBroker(Path(data_dir), port).start()
+def start_fallback(data_dir: Path, port: int, host: str = "127.0.0.1") -> FallbackBroker:
+    """Start the embedded broker (logs a loud WARNING: see the module docstring)."""
+    return FallbackBroker(Path(data_dir), port, host).start()
 
 
 def _serve(config_path: str) -> None:
