@@ -5,7 +5,9 @@ stdout, writes ``out/bench/fog.json``, a human summary on stderr. Baselines come
 
 * ingest: single-thread CPU cost of decode-only vs verified (``Verifier.open``) state adverts;
   then through mosquitto: a counting subscriber (the transport ceiling) vs the fog broker
-  verifying and ingesting adverts from N simulated agents (pre-signed states, 1,000 identities).
+  verifying and ingesting adverts from N simulated agents (pre-signed states, 1,000 identities):
+  ``fog_verified_*`` with Ed25519-signed states, ``fog_mac_*`` with session-MAC states (births
+  still signed and offering an X25519 key, as edge agents do). Each run notes the load average.
 * failover: real edge agents (in this process) under a live fog broker; the agent running a
   partition is crashed (socket dropped, the broker publishes its Will) repeatedly; we time
   kill -> detection -> replacement running, against the plain deploy latency (send -> ack).
@@ -60,27 +62,39 @@ def _identities(n: int) -> list[Any]:
     return [Identity.from_seed(f"dev{i:05d}", f"bench-{i}".encode()) for i in range(n)]
 
 
-def _frames(site: str, ids: list[Any], states: int, epoch: int, with_births: bool) -> tuple[list, list]:
-    """(births, states) as [topic, bytes] lists, signed now."""
+def _frames(site: str, ids: list[Any], states: int, epoch: int, with_births: bool,
+            fog_session: bytes | None = None) -> tuple[list, list]:
+    """(births, states) as [topic, bytes] lists, signed now.
+
+    With ``fog_session`` (a fog run's X25519 key) births offer a session and states carry
+    session MACs, as an edge agent does against a fog that offers one.
+    """
     from runtime.messages import DeviceBirth, DeviceState, PartitionStatus
-    from runtime.security import Signer
+    from runtime.security import SessionKeyPair, Signer
     from runtime.topics import Topics
     t = Topics(site)
     now = time.time()
     births, st = [], []
     signers = [Signer(i, epoch) for i in ids]
     part = (PartitionStatus("w", 1, 0, 0, "a" * 64, "running"),)
+    keys: dict[str, bytes] = {}
     for s in signers:
         name = s.identity.name
         if with_births:
+            sess: dict[str, Any] = {}
+            if fog_session is not None:
+                pair = SessionKeyPair()
+                keys[name] = pair.derive(fog_session, name, epoch, pair.public_bytes, fog_session)
+                sess = {"session_key": pair.public_bytes, "fog_session_key": fog_session}
             b = DeviceBirth(name, epoch, 0, site, s.identity.public_key_bytes, 5e9, 1_000_000_000, 1e8, 1e8,
-                            0.001, 5.0, 2.0, state_interval_s=1000.0, simulated=True)
+                            0.001, 5.0, 2.0, state_interval_s=1000.0, simulated=True, **sess)
             births.append([t.device(name, "BIRTH"), s.seal_bytes(b, now)])
     for k in range(states):
         for s in signers:
             name = s.identity.name
             m = DeviceState(name, epoch, k + 1, 900_000_000, 0.8, cpu_load=0.1, partitions=part)
-            st.append([t.device(name, "STATE"), s.seal_bytes(m, now)])
+            st.append([t.device(name, "STATE"), s.seal_mac_bytes(m, now, keys[name]) if name in keys
+                       else s.seal_bytes(m, now)])
     return births, st
 
 
@@ -111,20 +125,26 @@ def _wait(pred: Any, timeout: float, step: float = 0.005) -> bool:
 def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
     from fog_broker.registry import Registry
     from runtime import codec
-    from runtime.security import TrustStore, Verifier
+    from fog_broker._verify_pool import open_session
+    from runtime.security import SessionKeyPair, TrustStore, Verifier
     ids = _identities(n_ids)
     births, states = _frames("bench", ids, per, 1, True)
+    fog = SessionKeyPair()
+    mac_births, mac_states = _frames("bench", ids, per, 1, True, fog.public_bytes)
     out: dict[str, Any] = {"adverts": len(states)}
-    for mode in ("decode_only", "verified"):
+    for mode in ("decode_only", "verified", "session_mac"):
         reg = Registry()
-        ver = Verifier(TrustStore({i.name: i.public_key_bytes for i in ids}))
-        for _, b in births:
+        ver = Verifier(TrustStore({i.name: i.public_key_bytes for i in ids}), sessions=True)
+        for _, b in (mac_births if mode == "session_mac" else births):
             env = codec.decode(b)
             reg.handle(codec.decode(env.payload), 0.0)  # type: ignore[arg-type]
+            if mode == "session_mac":
+                env, msg = ver.open(b, time.time())
+                open_session(ver, fog, env, msg)
         now = time.time()
         t0 = time.perf_counter()
-        for _, b in states:
-            if mode == "verified":
+        for _, b in (mac_states if mode == "session_mac" else states):
+            if mode != "decode_only":
                 _, msg = ver.open(b, now)
             else:
                 env = codec.decode(b)
@@ -136,7 +156,7 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
     return out
 
 
-def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int]], tmp: Path) -> dict[str, Any]:
+def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int, str]], tmp: Path) -> dict[str, Any]:
     from fog_broker.service import FogService, ServiceConfig
     from runtime.broker import BrokerConfig, MosquittoBroker
     from runtime.mqtt import MqttClient
@@ -163,14 +183,15 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
         sub.stop()
         res["transport_only"] = {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
                                  "publisher_per_s": round(len(states) / pub_s)}
-        for mode, w in modes:
-            site = f"ing{mode}{w}"
-            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{mode}{w}", site=site, mqtt_port=b.port,
+        for mode, w, auth in modes:
+            site = f"ing{mode}{w}{auth}"
+            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{mode}{w}{auth}", site=site, mqtt_port=b.port,
                                            state_interval_s=1000.0, verify_workers=w,
                                            verify_processes=mode == "processes",
                                            summary_interval_s=1000.0)).start()
             try:
-                births, states = _frames(site, ids, per, 1, True)
+                births, states = _frames(site, ids, per, 1, True,
+                                         svc.session.public_bytes if auth == "mac" else None)
                 _publish(b.port, births, tmp, conns)
                 _wait(lambda: svc.ingest_counts()["in:BIRTH"] >= n_ids, 120, 0.05)
                 base = svc.ingest_counts()["in:STATE"]
@@ -183,6 +204,7 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
                         time.sleep(0.01)
                 th = threading.Thread(target=sample, daemon=True)
                 th.start()
+                load0 = round(os.getloadavg()[0], 2)
                 pub_s = _publish(b.port, states, tmp, conns)
                 _wait(lambda: svc.ingest_counts()["in:STATE"] - base >= len(states), 120, 0.02)
                 processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
@@ -191,7 +213,8 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
                 first = next((t for t, n in marks if n > 0), marks[0][0])
                 last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
                 n = svc.ingest_counts()["in:STATE"] - base
-                res[f"fog_verified_{mode}{w}"] = {
+                res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}"] = {
+                    "loadavg_before": load0,
                     "verified": n, "per_s": round(n / max(last - first, 1e-9)),
                     "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
                     "rejected": dict(svc.rejections()),
@@ -314,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "ingest" not in args.skip:
             out["ingest_cpu_single_thread"] = bench_cpu(200, 10)
             out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections,
-                                              (("threads", 1), ("threads", 2), ("processes", 2)), tmp)
+                                              (("threads", 1, "sig"), ("threads", 2, "sig"), ("processes", 2, "sig"),
+                                               ("threads", 1, "mac"), ("threads", 2, "mac"), ("processes", 2, "mac")), tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
     text = json.dumps(out, indent=1)
@@ -331,12 +355,12 @@ def _human(out: dict[str, Any]) -> None:
     cpu = out.get("ingest_cpu_single_thread")
     if cpu:
         lines.append(f"ingest (1 thread, CPU): decode-only {cpu['decode_only_per_s']}/s, "
-                     f"verified {cpu['verified_per_s']}/s")
+                     f"verified {cpu['verified_per_s']}/s, session MAC {cpu['session_mac_per_s']}/s")
     ing = out.get("ingest_mqtt")
     if ing:
         lines.append(f"ingest via mosquitto ({ing['agents']} agents): transport only "
                      f"{ing['transport_only']['per_s']}/s; " + ", ".join(
-                         f"{k[len('fog_verified_'):]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_verified")))
+                         f"{k[len('fog_'):]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_")))
     fo = out.get("failover")
     if fo and "kill_to_replacement_running" in fo:
         k, r, p = fo["kill_to_replacement_running"], fo["detection_to_replacement_running"], \

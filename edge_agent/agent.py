@@ -16,6 +16,7 @@ reconnect happens.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import json
 import logging
@@ -32,7 +33,8 @@ from runtime.errors import DecodeError, RemoteViolation
 from runtime.messages import (Activation, CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message,
                               Rebirth, Taint, Undeploy)
 from runtime.mqtt import Inbound, MqttClient, Will
-from runtime.security import Identity, Signer, TrustStore, Verifier
+from runtime.errors import SecurityError
+from runtime.security import Identity, SessionKeyPair, Signer, TrustStore, Verifier, verify_session_offer
 from runtime.topics import ACK, ACT, BIRTH, CMD, DEATH, STATE, Topics
 
 from .acks import watcher
@@ -90,6 +92,8 @@ class AgentConfig:
     slowdown: float = 1.0  # simulated devices: stretch measured compute
     model_compute: bool = False  # simulated devices: runs take at least partition flops / device flops
     status_file: bool = True
+    # Opt-in: authenticate state adverts with a session MAC when the fog offers one (docs/protocol.md).
+    state_mac: bool = False
 
 
 def load_identity(data_dir: Path, name: str) -> Identity:
@@ -152,6 +156,9 @@ class Agent:
         self._next_epoch: int | None = None
         self._connections = 0
         self.signer = Signer(self.identity, self.epoch)
+        self._fog_session: bytes | None = None  # the fog run's X25519 key (signed offer, checked)
+        self._state_key: bytes | None = None    # this connection's session MAC key, set by a birth
+        self._session_pair: tuple[tuple[int, bytes], SessionKeyPair] | None = None
         self.fog_id: str | None = None
         self.fog_epoch: int | None = None
         self.births = 0
@@ -277,6 +284,7 @@ class Agent:
         if self._connections and self._next_epoch is not None:
             self.epoch = self._next_epoch  # the Will installed after the previous connect
             self.signer = Signer(self.identity, self.epoch)
+        self._state_key = None  # bound to the old epoch; the next birth keys the new connection
         self._connections += 1
         self._next_epoch = self._bump_epoch()
         self.client.set_will(self._will(self._next_epoch))
@@ -324,6 +332,16 @@ class Agent:
         if fs.fog_id not in self.trust:
             self.trust.enroll(fs.fog_id, self.fog_key)
         self.fog_id = fs.fog_id
+        offer = None
+        if self.cfg.state_mac and fs.session_key:
+            if verify_session_offer(self.fog_key, fs.session_sig, fs.fog_id, fs.site, fs.epoch, fs.session_key):
+                offer = fs.session_key
+            else:
+                self._count("bad fog session offer")
+                log.warning("%s: fog %s session key offer has a bad signature; signing states", self.device_id,
+                            fs.fog_id)
+        if offer != self._fog_session:
+            self._fog_session, self._state_key = offer, None
         if self.phase is not Phase.ONLINE or fs.epoch != self.fog_epoch:
             self.fog_epoch = fs.epoch
             self._birth(now)
@@ -422,7 +440,23 @@ class Agent:
         birth = build_birth(self.device_id, self.cfg.site, self.caps, self.identity.public_key_bytes,
                             epoch=self.epoch, seq=self.signer.seq + 1, labels=self.cfg.labels,
                             taints=self.cfg.taints, state_interval_s=self.cfg.state_interval_s)
+        key = None
+        if self._fog_session is not None:  # offer a session: one X25519 key per (connection, fog run)
+            # A rebirth on the same connection re-offers the same key, so the session key does not
+            # change under state adverts still in flight (QoS 0 states may overtake a QoS 1 birth).
+            if self._session_pair is None or self._session_pair[0] != (self.epoch, self._fog_session):
+                self._session_pair = ((self.epoch, self._fog_session), SessionKeyPair())
+            pair = self._session_pair[1]
+            try:
+                key = pair.derive(self._fog_session, self.device_id, self.epoch, pair.public_bytes,
+                                  self._fog_session)
+                birth = dataclasses.replace(birth, session_key=pair.public_bytes,
+                                            fog_session_key=self._fog_session)
+            except SecurityError as exc:
+                self._count("bad fog session key")
+                log.warning("%s: fog session key unusable (%s); signing states", self.device_id, exc)
         self._publish_signed(BIRTH, birth)
+        self._state_key = key
         self.births += 1
         self.phase = Phase.ONLINE
         self.advertiser.reset()
@@ -436,7 +470,11 @@ class Agent:
             reason = self.advertiser.tick(snap, now)
             if reason is not None:
                 state = self.advertiser.state(snap, self.epoch, self.signer.seq + 1)
-                self._publish_signed(STATE, state)
+                if self._state_key is not None:  # session MAC (the birth that keyed it was signed)
+                    self._publish(self.topics.device(self.device_id, STATE),
+                                  self.signer.seal_mac_bytes(state, time.time(), self._state_key))
+                else:
+                    self._publish_signed(STATE, state)
                 self.states += 1
                 log.debug("%s: state (%s)", self.device_id, reason)
         self._write_status()

@@ -39,10 +39,12 @@ from runtime.messages import (
 )
 from runtime.mqtt import Inbound, MqttClient, Will
 from runtime.security import (
-    UNKNOWN_SENDER, ArtifactSignature, Identity, Signer, TrustStore, Verifier, verify_artifact,
+    NO_SESSION, UNKNOWN_SENDER, ArtifactSignature, Identity, SessionKeyPair, Signer, TrustStore, Verifier,
+    sign_session_offer, verify_artifact,
 )
 from runtime.topics import ACK, BIRTH, DEATH, STATE, Topics, parse
 
+from ._verify_pool import looks_mac, open_session
 from .artifacts import ArtifactBuilder
 from .controller import Controller, ControllerConfig, DeployPartition, Persist, UndeployPartition
 from .placement.model import Quota, SpecError, Workload
@@ -115,10 +117,14 @@ class FogService:
         self.store = Store(c.data_dir / "fog.db")
         self.epoch = self.store.next_epoch()
         self.signer = Signer(self.identity, self.epoch)
+        # This run's X25519 key (never stored), offered in the signed FogState: devices derive
+        # per-connection HMAC keys with it for their state adverts (docs/protocol.md, Trust).
+        self.session = SessionKeyPair()
+        self._session_sig = sign_session_offer(self.identity, c.site, self.epoch, self.session.public_bytes)
         self.devices_trust = TrustStore(path=c.data_dir / "devices.json")
         self._enroll_lock = threading.Lock()
         # Verify shards: a device always maps to the same shard, so its replay window lives there.
-        self._shards = [_Shard(queue.Queue(maxsize=100_000), Verifier(self.devices_trust))
+        self._shards = [_Shard(queue.Queue(maxsize=100_000), Verifier(self.devices_trust, sessions=True))
                         for _ in range(max(1, c.verify_workers))]
         if c.verify_processes:
             from ._verify_pool import VerifyWorker
@@ -164,7 +170,7 @@ class FogService:
 
     def _fog_state(self, online: bool) -> FogState:
         return FogState(self.config.fog_id, self.config.site, online, self.epoch,
-                        self.identity.public_key_bytes, time.time())
+                        self.identity.public_key_bytes, time.time(), self.session.public_bytes, self._session_sig)
 
     def _load_desired(self) -> None:
         now = time.monotonic()
@@ -324,7 +330,7 @@ class FogService:
                   out: list[tuple[str, Any, float]]) -> None:
         shard.counters[f"rejected:{reason}"] += 1
         log.debug("rejected %s: %s", m.topic, detail)
-        if reason == UNKNOWN_SENDER and pt.leaf != BIRTH:
+        if reason in (UNKNOWN_SENDER, NO_SESSION) and pt.leaf != BIRTH:
             out.append(("rebirth", pt.name, m.received_at))
 
     def _ingest(self, shard: "_Shard", m: Inbound, pt: Any, out: list[tuple[str, Any, float]]) -> None:
@@ -334,18 +340,39 @@ class FogService:
         wall = time.time()
         if pt.leaf == BIRTH and pt.name not in self.devices_trust and not self._enroll(shard, m, pt.name, wall):
             return
+        self._open_here(shard, m, pt, wall, out)
+
+    def _open_here(self, shard: "_Shard", m: Inbound, pt: Any, wall: float,
+                   out: list[tuple[str, Any, float]]) -> None:
+        """Full check in this thread: signature or session MAC, timestamp, replay window, decode."""
         try:
             env, msg = shard.verifier.open(m.payload, wall)
         except SecurityError as exc:
             self._rejected(shard, m, pt, exc.reason, str(exc), out)
             return
+        self._verified(shard, m, pt, env, msg, out)
+
+    def _verified(self, shard: "_Shard", m: Inbound, pt: Any, env: Envelope, msg: Any,
+                  out: list[tuple[str, Any, float]]) -> None:
+        if pt.leaf == BIRTH:
+            note = open_session(shard.verifier, self.session, env, msg)
+            if note:
+                shard.counters[note] += 1
         self._accept(shard, m, pt, env.sender, msg, out)
 
     def _ingest_remote(self, shard: "_Shard", batch: list[tuple[Inbound, Any]],
                        out: list[tuple[str, Any, float]]) -> None:
+        """Stateless checks (Ed25519 or session MAC, then decode) in the worker; stateful ones here.
+
+        The batch goes to the worker in one message; results are admitted (timestamp, replay
+        window) here in arrival order, and births (re)key sessions here, so each device's window
+        and session key live in exactly one place and its order is kept. A MAC item carries the
+        session key of the topic's device; the worker refuses it for any other sender or epoch.
+        """
         assert shard.worker is not None
         items: list[tuple[Any, ...]] = []
-        pending: list[tuple[Inbound, Any]] = []
+        plan: list[tuple[Inbound, Any, float, bool]] = []
+        rekeyed: set[str] = set()  # devices with a birth earlier in this batch: their session may change
         for m, pt in batch:
             if pt.leaf == DEATH:
                 self._death(shard, m, pt, out)
@@ -355,17 +382,34 @@ class FogService:
                 if not self._enroll(shard, m, pt.name, wall):
                     continue
                 items.append(("enroll", pt.name, self.devices_trust.key_bytes(pt.name)))
-            items.append(("open", m.payload, wall))
-            pending.append((m, pt))
-        if not items:
-            return
-        results = shard.worker.run(items)
-        for (m, pt), r in zip(pending, results):
-            if r[0] == "ok":
-                shard.accepted += 1
-                self._accept(shard, m, pt, r[1], r[2], out)
+            # looks_mac is a routing hint only: a frame that lies about its tag fails in either place.
+            remote = True
+            if not looks_mac(m.payload):
+                items.append(("verify", m.payload))
+            elif pt.name not in rekeyed and (sess := shard.verifier.session(pt.name)) is not None:
+                items.append(("mac", m.payload, pt.name, sess[0], sess[1]))
             else:
+                remote = False  # no session (or a birth before it in this batch): checked here, in order
+            if pt.leaf == BIRTH:
+                rekeyed.add(pt.name)
+            plan.append((m, pt, wall, remote))
+        results = iter(shard.worker.run(items) if items else ())
+        for m, pt, wall, remote in plan:
+            if not remote:
+                self._open_here(shard, m, pt, wall, out)
+                continue
+            r = next(results)
+            if r[0] != "ok":
                 self._rejected(shard, m, pt, r[1], r[2], out)
+                continue
+            env, msg = r[1], r[2]
+            try:
+                shard.verifier.admit(env, wall)
+            except SecurityError as exc:
+                self._rejected(shard, m, pt, exc.reason, str(exc), out)
+                continue
+            shard.accepted += 1
+            self._verified(shard, m, pt, env, msg, out)
 
     def _enroll(self, shard: "_Shard", m: Inbound, name: str, wall: float) -> bool:
         """TOFU: the first birth of an unknown device pins the key it carries (self-signed)."""

@@ -157,6 +157,10 @@ class DeviceBirth(Message):
     state_interval_s: float = 10.0
     simulated: bool = False
     agent_version: str = ""
+    # Session MAC offer (docs/protocol.md, Trust): the device's X25519 key for this birth and the
+    # fog's X25519 key it was combined with; empty: this device signs every state advert.
+    session_key: bytes = b""
+    fog_session_key: bytes = b""
 
     def validate(self) -> None:
         _check_id(self.device_id, "device_id")
@@ -222,6 +226,9 @@ class FogState(Message):
     epoch: int
     public_key: bytes = b""
     timestamp: float = 0.0
+    # The fog's X25519 key for this run and its Ed25519 signature (runtime.security.sign_session_offer).
+    session_key: bytes = b""
+    session_sig: bytes = b""
 
 
 @message

@@ -138,6 +138,7 @@ class MqttClient:
         self.on_connected: list[Callable[[], None]] = []  # run on the worker after each (re)connect
         self._reconnect = (reconnect_min_s, reconnect_max_s)
         self._subs: dict[str, tuple[int, Handler]] = {}
+        self._route_cache: dict[str, Handler | None] = {}
         self._inbox: queue.Queue[Any] = queue.Queue(maxsize=inbox_size)
         self._connected = threading.Event()
         self._stopped = False
@@ -173,6 +174,7 @@ class MqttClient:
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         """Remember a subscription; it is (re)made on every connect."""
         self._subs[topic_filter] = (qos, handler)
+        self._route_cache = {}
         if self._connected.is_set():
             self._client.subscribe(topic_filter, qos=qos)
 
@@ -275,10 +277,21 @@ class MqttClient:
     # ------------------------------------------------------------ worker
 
     def _handler_for(self, topic: str) -> Handler | None:
+        # Matching every filter per message shows in the fog's ingest profile; topics repeat
+        # (one per device and leaf), so remember the answer until the subscriptions change.
+        try:
+            return self._route_cache[topic]
+        except KeyError:
+            pass
+        found = None
         for topic_filter, (_, handler) in self._subs.items():
             if mqtt.topic_matches_sub(topic_filter, topic):
-                return handler
-        return None
+                found = handler
+                break
+        if len(self._route_cache) >= 100_000:
+            self._route_cache.clear()
+        self._route_cache[topic] = found
+        return found
 
     def _run(self) -> None:
         while True:

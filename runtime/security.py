@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from . import codec
 from .errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
@@ -28,10 +32,15 @@ from .messages import Envelope, Message
 __all__ = [
     "Identity", "fingerprint", "Signer", "TrustStore", "Verifier", "REASONS",
     "ArtifactSignature", "sign_artifact", "verify_artifact", "sha256_hex", "SecurityError",
+    "SessionKeyPair", "derive_session_key", "mac_tag", "sign_session_offer", "verify_session_offer",
+    "MAC_LEN", "MAC_KINDS", "NO_SESSION",
 ]
 
 _ENV_DOMAIN = b"fogline-envelope-v1"
 _ART_DOMAIN = b"fogline-artifact-v1"
+_MAC_DOMAIN = b"fogline-envelope-mac-v1"
+_OFFER_DOMAIN = b"fogline-fog-session-v1"
+_SESSION_DOMAIN = b"fogline-session-v1"
 
 # Fixed rejection phrases (counted; ids and numbers go in the error detail).
 OVERSIZED = "oversized"
@@ -42,6 +51,14 @@ STALE_EPOCH = "stale epoch"
 REPLAYED = "replayed"
 OUTSIDE_WINDOW = "timestamp outside window"
 REASONS = (OVERSIZED, MALFORMED, UNKNOWN_SENDER, BAD_SIGNATURE, STALE_EPOCH, REPLAYED, OUTSIDE_WINDOW)
+NO_SESSION = "no session"  # only from a Verifier(sessions=True): a MAC without a session key
+
+# Session MACs (see docs/protocol.md, Trust): an envelope whose ``signature`` is MAC_LEN bytes
+# carries an HMAC-SHA256 tag under the (sender, epoch) session key instead of an Ed25519
+# signature (always 64 bytes). Only these payload kinds may be MAC-authenticated; births, acks
+# and commands are always Ed25519-signed.
+MAC_LEN = 32
+MAC_KINDS = frozenset({"dev.state"})
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
@@ -141,6 +158,21 @@ class Signer:
     def seal_bytes(self, msg: Message, now: float) -> bytes:
         return codec.encode(self.seal(msg, now))
 
+    def seal_mac(self, msg: Message, now: float, key: bytes) -> Envelope:
+        """Like ``seal`` but authenticated with the connection's session key (HMAC-SHA256).
+
+        Same fields, same (epoch, seq) counter as signed envelopes, so one replay window covers both.
+        """
+        if msg.KIND not in MAC_KINDS:
+            raise LocalViolation(f"{msg.KIND} must be signed, not MAC-authenticated")
+        payload = codec.encode(msg)
+        self.seq += 1
+        tag = mac_tag(key, self.identity.name, self.epoch, self.seq, now, payload)
+        return Envelope(self.identity.name, self.epoch, self.seq, now, payload, tag)
+
+    def seal_mac_bytes(self, msg: Message, now: float, key: bytes) -> bytes:
+        return codec.encode(self.seal_mac(msg, now, key))
+
 
 class TrustStore:
     """Enrolled public keys by sender name; optionally persisted as JSON."""
@@ -198,7 +230,7 @@ class Verifier:
     """
 
     def __init__(self, trust: TrustStore, *, max_skew_s: float = 30.0, max_size: int = codec.DEFAULT_MAX_SIZE,
-                 window: int = 64) -> None:
+                 window: int = 64, sessions: bool = False) -> None:
         self.trust = trust
         self.max_skew_s = max_skew_s
         self.max_size = max_size
@@ -206,6 +238,27 @@ class Verifier:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.accepted = 0
         self._windows: dict[str, _Window] = {}
+        # sender -> (epoch, HMAC key); None: session MACs are not accepted by this verifier at all
+        self._sessions: dict[str, tuple[int, bytes]] | None = {} if sessions else None
+
+    def set_session(self, sender: str, epoch: int, key: bytes) -> None:
+        """Accept MAC-authenticated envelopes of ``sender`` for this connect ``epoch`` under ``key``."""
+        if self._sessions is None:
+            raise LocalViolation("this verifier was made without sessions=True")
+        if len(key) != 32:
+            raise LocalViolation("session keys are 32 bytes")
+        self._sessions[sender] = (epoch, bytes(key))
+
+    def drop_session(self, sender: str) -> None:
+        if self._sessions is not None:
+            self._sessions.pop(sender, None)
+
+    def session(self, sender: str) -> tuple[int, bytes] | None:
+        """The (epoch, key) of ``sender``'s session, if any (to hand a MAC check to a worker)."""
+        return self._sessions.get(sender) if self._sessions is not None else None
+
+    def has_session(self, sender: str) -> bool:
+        return self._sessions is not None and sender in self._sessions
 
     def _reject(self, reason: str, detail: str = "") -> SecurityError:
         self.rejected[reason] += 1
@@ -224,24 +277,48 @@ class Verifier:
         return env, self.check(env, now)
 
     def check(self, env: Envelope, now: float) -> Message:
-        key = self.trust.public_key(env.sender)
-        if key is None:
-            raise self._reject(UNKNOWN_SENDER, env.sender[:64])
-        try:
-            key.verify(env.signature, _envelope_bytes(env.sender, env.epoch, env.seq, env.timestamp, env.payload))
-        except InvalidSignature:
-            raise self._reject(BAD_SIGNATURE, env.sender) from None
-        if not abs(env.timestamp - now) <= self.max_skew_s:  # also catches NaN
-            raise self._reject(OUTSIDE_WINDOW, f"{env.timestamp - now:+.1f} s")
-        self._admit(env)
+        self.verify_signature(env)
+        self.admit(env, now)
         try:
             msg = codec.decode(env.payload, max_size=self.max_size)
         except DecodeError as exc:
             raise self._reject(MALFORMED, f"payload: {exc}") from None
         if isinstance(msg, Envelope):
             raise self._reject(MALFORMED, "nested envelope")
+        if self._sessions is not None and len(env.signature) == MAC_LEN and msg.KIND not in MAC_KINDS:
+            raise self._reject(BAD_SIGNATURE, f"{msg.KIND} must be signed, not MAC-authenticated")
         self.accepted += 1
         return msg
+
+    def verify_signature(self, env: Envelope) -> None:
+        """Stateless half of ``check``: known sender, and its Ed25519 signature (or session MAC) holds.
+
+        No freshness here: call ``admit`` (replay window, timestamp) before trusting the envelope.
+        """
+        key = self.trust.public_key(env.sender)
+        if key is None:
+            raise self._reject(UNKNOWN_SENDER, env.sender[:64])
+        if self._sessions is not None and len(env.signature) == MAC_LEN:
+            s = self._sessions.get(env.sender)
+            if s is None:
+                raise self._reject(NO_SESSION, env.sender)
+            if env.epoch != s[0]:
+                raise self._reject(STALE_EPOCH if env.epoch < s[0] else NO_SESSION,
+                                   f"MAC epoch {env.epoch}, session epoch {s[0]}")
+            tag = mac_tag(s[1], env.sender, env.epoch, env.seq, env.timestamp, env.payload)
+            if not hmac.compare_digest(tag, env.signature):
+                raise self._reject(BAD_SIGNATURE, f"{env.sender} (session MAC)")
+            return
+        try:
+            key.verify(env.signature, _envelope_bytes(env.sender, env.epoch, env.seq, env.timestamp, env.payload))
+        except InvalidSignature:
+            raise self._reject(BAD_SIGNATURE, env.sender) from None
+
+    def admit(self, env: Envelope, now: float) -> None:
+        """Stateful half of ``check``: timestamp window, then the per-sender (epoch, seq) replay window."""
+        if not abs(env.timestamp - now) <= self.max_skew_s:  # also catches NaN
+            raise self._reject(OUTSIDE_WINDOW, f"{env.timestamp - now:+.1f} s")
+        self._admit(env)
 
     def _admit(self, env: Envelope) -> None:
         w = self._windows.get(env.sender)
@@ -262,6 +339,69 @@ class Verifier:
 
     def forget(self, sender: str) -> None:
         self._windows.pop(sender, None)
+
+
+# ---------------------------------------------------------------- session MACs
+
+
+def mac_tag(key: bytes, sender: str, epoch: int, seq: int, timestamp: float, payload: bytes) -> bytes:
+    """HMAC-SHA256 over the same fields as the envelope signature, under its own domain tag."""
+    return hmac.digest(key, msgpack.packb([_MAC_DOMAIN, sender, epoch, seq, timestamp, payload],
+                                          use_bin_type=True), "sha256")
+
+
+def _offer_bytes(fog_id: str, site: str, epoch: int, session_pub: bytes) -> bytes:
+    return msgpack.packb([_OFFER_DOMAIN, fog_id, site, epoch, session_pub], use_bin_type=True)
+
+
+def sign_session_offer(identity: Identity, site: str, epoch: int, session_pub: bytes) -> bytes:
+    """The fog's signature over its per-run X25519 key (published in the retained ``FogState``)."""
+    return identity.sign(_offer_bytes(identity.name, site, epoch, session_pub))
+
+
+def verify_session_offer(public_key: bytes, signature: bytes, fog_id: str, site: str, epoch: int,
+                         session_pub: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            signature, _offer_bytes(fog_id, site, epoch, session_pub))
+    except (InvalidSignature, ValueError):
+        return False
+    return len(session_pub) == 32
+
+
+class SessionKeyPair:
+    """An X25519 key pair for one fog run (fog side) or one birth (device side); never stored."""
+
+    __slots__ = ("_key", "public_bytes")
+
+    def __init__(self, private: bytes | None = None) -> None:
+        """A fresh key pair, or the one of ``private`` (handing a fog's pair to its own verify workers)."""
+        self._key = X25519PrivateKey.from_private_bytes(private) if private else X25519PrivateKey.generate()
+        self.public_bytes = self._key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def private_bytes(self) -> bytes:
+        return self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                       serialization.NoEncryption())
+
+    def derive(self, peer_public: bytes, device: str, epoch: int, device_pub: bytes, fog_pub: bytes) -> bytes:
+        return derive_session_key(self._key, peer_public, device, epoch, device_pub, fog_pub)
+
+
+def derive_session_key(private: X25519PrivateKey, peer_public: bytes, device: str, epoch: int,
+                       device_pub: bytes, fog_pub: bytes) -> bytes:
+    """HKDF-SHA256(X25519 shared secret), bound to the device, its connect epoch and both public keys.
+
+    Raises ``SecurityError`` for a malformed or low-order peer key.
+    """
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
+    except ValueError:
+        raise SecurityError(BAD_SIGNATURE, "unusable session public key") from None
+    if not any(shared):
+        raise SecurityError(BAD_SIGNATURE, "low-order session public key")
+    info = msgpack.packb([_SESSION_DOMAIN, device, epoch, bytes(device_pub), bytes(fog_pub)], use_bin_type=True)
+    return HKDF(algorithm=SHA256(), length=32, salt=None, info=info).derive(shared)
 
 
 # ---------------------------------------------------------------- artifacts

@@ -1,0 +1,210 @@
+"""Session-MAC state adverts end to end: a real edge agent (in this process) and the fog service.
+
+The agent's birth (Ed25519) offers an X25519 key against the fog run's signed offer; its later
+state adverts carry HMAC tags and are accepted; a forged tag, a replayed advert and an advert of
+an old connection are refused; an agent with ``state_mac=False`` (the default) still signs and
+is accepted.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from runtime import codec
+from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
+from runtime.messages import DeviceState, Envelope
+from runtime.mqtt import Inbound, MqttClient
+from runtime.security import MAC_LEN, Identity, Signer
+from runtime.topics import Topics
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+if find_mosquitto() is None:  # pragma: no cover
+    pytest.skip("mosquitto not installed", allow_module_level=True)
+
+SITE = "sess"
+T = Topics(SITE)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("mq"), port=0, persistence=False)).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def fog(broker: MosquittoBroker, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    from fog_broker.service import FogService, ServiceConfig
+    svc = FogService(ServiceConfig(data_dir=tmp_path / "fog", site=SITE, mqtt_port=broker.port,
+                                   state_interval_s=0.5, summary_interval_s=5.0,
+                                   verify_processes=getattr(request, "param", False))).start()
+    yield svc
+    svc.stop()
+
+
+def make(broker: MosquittoBroker, tmp_path: Path, dev_id: str, **kw: Any) -> Any:
+    from edge_agent.agent import AgentConfig
+    from edge_agent.runner import make_agent
+    from simulations.profiles import DeviceProfile
+    prof = DeviceProfile(dev_id, flops=5e9, memory_bytes=10_000_000, uplink_bps=1e8, downlink_bps=1e8,
+                         rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0)
+    cfg = AgentConfig(device_id=dev_id, data_dir=tmp_path / dev_id, host="127.0.0.1", port=broker.port,
+                      site=SITE, state_interval_s=0.5, probe_interval_s=0.1, keepalive=5, intra_op_threads=1,
+                      status_file=False, **kw)
+    return make_agent(cfg, profile=prof).start()
+
+
+def wait_for(pred: Any, timeout: float = 30.0, why: Any = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"condition not met: {why() if why else ''}")
+
+
+class Tap:
+    """Records the envelopes published on one device's STATE topic."""
+
+    def __init__(self, port: int, dev_id: str) -> None:
+        self.raw: list[bytes] = []
+        self.client = MqttClient(f"tap-{dev_id}-{time.time_ns()}", "127.0.0.1", port)
+        self.client.subscribe(T.device(dev_id, "STATE"), self._on)
+        self.client.start()
+        assert self.client.wait_connected(5)
+        time.sleep(0.1)
+
+    def _on(self, m: Inbound) -> None:
+        self.raw.append(m.payload)
+
+    def envelopes(self) -> list[Envelope]:
+        return [e for e in (codec.decode(r) for r in self.raw) if isinstance(e, Envelope)]
+
+
+def accepted_states(svc: Any) -> int:
+    return int(svc.ingest_counts()["in:STATE"])
+
+
+@pytest.mark.parametrize("fog", [False, True], indirect=True, ids=["threads", "processes"])
+def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broker: MosquittoBroker,
+                                                                  tmp_path: Path) -> None:
+    tap = Tap(broker.port, "mac-1")
+    agent = make(broker, tmp_path, "mac-1", state_mac=True)
+    try:
+        wait_for(lambda: fog.ingest_counts()["session:opened"] >= 1)
+        wait_for(lambda: len([e for e in tap.envelopes() if len(e.signature) == MAC_LEN]) >= 2)
+        n = accepted_states(fog)
+        wait_for(lambda: accepted_states(fog) >= n + 2)
+        assert fog.call(lambda: fog.registry.get("mac-1")).state is not None
+        assert not {k: v for k, v in fog.rejections().items() if k != "replayed"}
+        mac_env = next(e for e in tap.envelopes() if len(e.signature) == MAC_LEN)
+        pub = MqttClient(f"forger-{time.time_ns()}", "127.0.0.1", broker.port)
+        pub.start()
+        assert pub.wait_connected(5)
+        topic = T.device("mac-1", "STATE")
+        # 1. a forged advert: right device, epoch and a fresh seq, but a tag under a guessed key
+        forger = Signer(Identity.generate("mac-1"), agent.epoch, seq=10_000)
+        pub.publish(topic, forger.seal_mac_bytes(DeviceState("mac-1", agent.epoch, 10_001, 1), time.time(),
+                                                 bytes(32))).wait(2)
+        wait_for(lambda: fog.rejections().get("bad signature", 0) >= 1)
+        # 2. a captured genuine advert published again
+        pub.publish(topic, codec.encode(mac_env)).wait(2)
+        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
+        # 3. the MAC of this connection relabelled with an older epoch does not verify / is stale
+        old = Envelope(mac_env.sender, mac_env.epoch - 1, mac_env.seq + 50_000, time.time(), mac_env.payload,
+                       mac_env.signature)
+        pub.publish(topic, codec.encode(old)).wait(2)
+        wait_for(lambda: fog.rejections().get("stale epoch", 0) >= 1, why=lambda: (fog.ingest_counts(), old))
+        pub.stop()
+        # the agent keeps being accepted after the forgeries
+        n = accepted_states(fog)
+        wait_for(lambda: accepted_states(fog) >= n + 1)
+    finally:
+        agent.stop()
+        tap.client.stop()
+
+
+def test_agent_without_state_mac_still_signs_and_is_accepted(fog: Any, broker: MosquittoBroker,
+                                                             tmp_path: Path) -> None:
+    tap = Tap(broker.port, "sig-1")
+    agent = make(broker, tmp_path, "sig-1", state_mac=False)
+    try:
+        wait_for(lambda: fog.ingest_counts()["session:none"] >= 1)
+        wait_for(lambda: accepted_states(fog) >= 2)
+        assert tap.envelopes() and all(len(e.signature) == 64 for e in tap.envelopes())
+        assert not fog.rejections()
+    finally:
+        agent.stop()
+        tap.client.stop()
+
+
+@pytest.mark.parametrize("fog", [False, True], indirect=True, ids=["threads", "processes"])
+def test_signed_states_keep_their_replay_window_and_macs_without_session_ask_rebirth(
+        fog: Any, broker: MosquittoBroker) -> None:
+    from runtime.messages import DeviceBirth
+    ident = Identity.generate("raw-1")
+    s = Signer(ident, 1)
+    pub = MqttClient(f"raw-{time.time_ns()}", "127.0.0.1", broker.port)
+    pub.start()
+    assert pub.wait_connected(5)
+    try:
+        birth = DeviceBirth("raw-1", 1, 0, SITE, ident.public_key_bytes, 1e9, 10_000_000, 1e8, 1e8, 0.001, 5.0, 2.0,
+                            state_interval_s=5.0)
+        pub.publish(T.device("raw-1", "BIRTH"), s.seal_bytes(birth, time.time())).wait(2)
+        wait_for(lambda: fog.ingest_counts()["session:none"] >= 1)
+        signed = s.seal_bytes(DeviceState("raw-1", 1, 0, 1), time.time())
+        pub.publish(T.device("raw-1", "STATE"), signed).wait(2)
+        pub.publish(T.device("raw-1", "STATE"), signed).wait(2)  # replayed (window in the shard)
+        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
+        assert accepted_states(fog) == 1
+        # a MAC'd state without a session: refused, and the device is asked to rebirth
+        pub.publish(T.device("raw-1", "STATE"),
+                    s.seal_mac_bytes(DeviceState("raw-1", 1, 0, 1), time.time(), bytes(32))).wait(2)
+        wait_for(lambda: fog.rejections().get("no session", 0) >= 1)
+        wait_for(lambda: fog.counters["rebirths_asked"] >= 1)
+        assert accepted_states(fog) == 1
+    finally:
+        pub.stop()
+
+
+def test_looks_mac_is_a_routing_hint_only() -> None:
+    from fog_broker._verify_pool import looks_mac
+    ident = Identity.generate("h")
+    st = DeviceState("h", 1, 0, 1)
+    assert looks_mac(Signer(ident, 1).seal_mac_bytes(st, time.time(), bytes(32)))
+    assert not looks_mac(Signer(ident, 1).seal_bytes(st, time.time()))
+    assert not looks_mac(b"") and not looks_mac(b"garbage")
+
+
+@pytest.mark.parametrize("fog", [False, True], indirect=True, ids=["threads", "processes"])
+def test_reconnect_rekeys_and_states_right_after_a_birth_are_accepted(fog: Any, broker: MosquittoBroker) -> None:
+    """A birth and the MAC states behind it (often one verify batch) are taken in order, per epoch."""
+    from runtime.messages import DeviceBirth
+    from runtime.security import SessionKeyPair
+    ident = Identity.generate("rk-1")
+    fog_pub = fog.session.public_bytes
+    pub = MqttClient(f"rk-{time.time_ns()}", "127.0.0.1", broker.port)
+    pub.start()
+    assert pub.wait_connected(5)
+    try:
+        for epoch in (1, 2):
+            s = Signer(ident, epoch)
+            pair = SessionKeyPair()
+            key = pair.derive(fog_pub, "rk-1", epoch, pair.public_bytes, fog_pub)
+            birth = DeviceBirth("rk-1", epoch, 0, SITE, ident.public_key_bytes, 1e9, 10_000_000, 1e8, 1e8, 0.001,
+                                5.0, 2.0, state_interval_s=5.0, session_key=pair.public_bytes,
+                                fog_session_key=fog_pub)
+            frames = [(T.device("rk-1", "BIRTH"), s.seal_bytes(birth, time.time()))]
+            frames += [(T.device("rk-1", "STATE"), s.seal_mac_bytes(DeviceState("rk-1", epoch, 0, k), time.time(), key))
+                       for k in range(1, 6)]
+            for topic, data in frames:
+                pub.publish(topic, data)
+            wait_for(lambda: accepted_states(fog) >= 5 * epoch, why=lambda: fog.ingest_counts())
+        assert fog.ingest_counts()["session:opened"] == 2
+        assert not fog.rejections()
+    finally:
+        pub.stop()
