@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
+from benchmarks._emit import emit
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1024 * 1024
@@ -236,10 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "import_le_1s": result["importtime"]["edge_agent.agent_cumulative_s"] <= IMPORT_TARGET_S,
         "onnxruntime_lazy": not result["idle_imports_onnxruntime"],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    emit("agent", result, path=args.out)
     return 0 if all(result["targets"].values()) else 1
 
 

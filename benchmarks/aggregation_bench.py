@@ -26,14 +26,13 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from cloud_coordinator import aggregation as agg  # noqa: E402
+from benchmarks._emit import emit
 
-OUT = Path("out/bench/aggregation.json")
 
 
 def _thread_limit() -> tuple[contextlib.AbstractContextManager[Any], str]:
@@ -204,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
     result = run(args.quick, args.repeat)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    emit("aggregation", result)
     return 0
 
 

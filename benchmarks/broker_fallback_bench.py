@@ -19,7 +19,6 @@ mosquitto is the baseline of the same run. JSON goes to stdout and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import select
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -250,11 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = results.get(name, {}).get("qos1", {}).get("msg_per_s")
             if rate:
                 results[name]["qos1"]["vs_mosquitto"] = round(rate / base, 3)
-    text = json.dumps(results, indent=1)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    emit("broker_fallback", results, path=Path(args.out))
     return 0
 
 

@@ -9,15 +9,14 @@ Run: ``python -m benchmarks.checkpoint_bench [--quick]``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
-from pathlib import Path
 
 from cloud_coordinator.policy import CheckpointPolicy, estimate_mtbf, rounds_between_checkpoints
 from simulations.churn import FailureModel, fault_schedule
 from simulations.goodput import RunModel, simulate_run
+from benchmarks._emit import emit
 
 
 def measure_mtbf(true_mtbf_s: float, horizon_s: float, seed: int) -> tuple[float, int]:
@@ -66,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r['round_s']:>4}s ckpt {r['checkpoint_s']:>4}s MTBF {r['true_mtbf_s']:>6.0f}s -> every "
               f"{r['daly_every_rounds']:>3} rounds: goodput daly {r['goodput_daly']:.3f} | every round "
               f"{r['goodput_every_round']:.3f} | never {r['goodput_never']:.3f}", file=sys.stderr)
-    Path("out/bench").mkdir(parents=True, exist_ok=True)
-    Path("out/bench/checkpoint.json").write_text(json.dumps(out, indent=1))
-    print(json.dumps(out))
+    emit("checkpoint", out)
     return 0
 
 

@@ -15,7 +15,6 @@ stdout, writes ``out/bench/fog.json``, a human summary on stderr. Baselines come
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import subprocess
@@ -25,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
+from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -341,11 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                ("threads", 1, "mac"), ("threads", 2, "mac"), ("processes", 2, "mac")), tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
-    text = json.dumps(out, indent=1)
-    print(text)
-    dest = ROOT / "out" / "bench"
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "fog.json").write_text(text + "\n")
+    emit("fog", out)
     _human(out)
     return 0
 

@@ -14,13 +14,13 @@ Run: ``python -m benchmarks.models_bench [--quick]`` (or ``fogline bench models`
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from benchmarks._emit import emit
 
 BUDGET_MS = 100.0
 
@@ -137,11 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              "out" / "bench" / "models.json"))
     args = parser.parse_args(list(argv) if argv is not None else None)
     result = run(args.quick)
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    emit("models", result, path=Path(args.out))
     ok = result["profile_and_cuts"]["within_budget"] and result["split_8"]["within_budget"]
     return 0 if ok else 1
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from fog_broker.placement import (
@@ -22,6 +20,7 @@ from fog_broker.placement import (
 from fog_broker.placement.cost import (
     compute_energy, compute_time, transfer_energy, transfer_time,
 )
+from benchmarks._emit import emit
 
 TYPES = [  # name, flops, memory, uplink, downlink, rtt, active W
     ("pi4", 6e9, 1.5e9, 5e7, 5e7, 4e-3, 6.0),
@@ -435,11 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller run (~30 s)")
     args = ap.parse_args(argv)
     res = run(args.quick)
-    text = json.dumps(res, indent=2)
-    print(text)
-    path = Path("out/bench/placement.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    emit("placement", res)
     print(summary(res), file=sys.stderr)
     return 0
 

@@ -13,7 +13,6 @@ out/bench/robustness.png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -25,9 +24,10 @@ import numpy as np
 
 from cloud_coordinator import aggregation as agg
 from cloud_coordinator import attacks as atk
+from benchmarks._emit import OUT_DIR, emit
 
-OUT_JSON = Path("out/bench/robustness.json")
-OUT_PNG = Path("out/bench/robustness.png")
+OUT_JSON = OUT_DIR / "robustness.json"
+OUT_PNG = OUT_DIR / "robustness.png"
 
 RULES = ("mean", "median", "trimmed_mean", "krum", "bulyan", "geometric_median",
          "centered_clipping", "nnm+trimmed_mean", "bucketing+centered_clipping",
@@ -294,10 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         "attacks": list(ATTACKS), "default_rule": agg.DEFAULT_RULE, "summary": summary,
         "raw": acc, "seconds": round(time.perf_counter() - t0, 1),
     }
-    OUT_JSON.parent.mkdir(parents=True, exist_ok=True)
-    OUT_JSON.write_text(json.dumps(result, indent=2))
+    emit("robustness", result, path=OUT_JSON, stdout={k: v for k, v in result.items() if k != "raw"})
     plot(summary, OUT_PNG)
-    print(json.dumps({k: v for k, v in result.items() if k != "raw"}, indent=2))
     return 0
 
 

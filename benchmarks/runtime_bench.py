@@ -17,7 +17,6 @@ JSON goes to stdout and ``out/bench/runtime.json``; ratios go to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import queue
 import socket
@@ -38,6 +37,7 @@ if str(ROOT) not in sys.path:
 from runtime import codec  # noqa: E402
 from runtime.messages import CommandAck, InferenceRequest  # noqa: E402
 from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
+from benchmarks._emit import emit
 
 MIB = 1024 * 1024
 
@@ -275,11 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "mqtt": bench_mqtt(args.quick),
     }
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(result, indent=1)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    emit("runtime", result, path=Path(args.out))
     c, s, m = result["codec"], result["security"], result["mqtt"]
     print(f"codec encode {c['encode_mb_s']:.0f} MB/s = {c['encode_vs_pickle']:.2f}x pickle5; "
           f"decode {c['decode_mb_s']:.0f} MB/s = {c['decode_vs_pickle']:.1f}x pickle5", file=sys.stderr)

@@ -18,7 +18,6 @@ Run: ``python -m benchmarks.scale_bench [--quick]``. Prints JSON on stdout, writ
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -378,11 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as d:
             out["mqtt"] = bench_mqtt(procs, per, 10 if q else 20, Path(d))
     out["bench_wall_s"] = round(time.monotonic() - t0, 1)
-    text = json.dumps(out, indent=1)
-    print(text)
-    dest = ROOT / "out" / "bench"
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "scale.json").write_text(text + "\n")
+    emit("scale", out)
     _human(out)
     return 0
 
