@@ -73,7 +73,8 @@ class SimConfig:
     battery_interval_s: float = 60.0   # how often batteries are updated
     seed: int = 0
     #: Crash this share of the fleet at once at ``mass_failure_at_s`` (None: never), e.g. a
-    #: power-domain outage; victims come from their own seeded stream.
+    #: power-domain outage; the most loaded host is always a victim, the rest come from their
+    #: own seeded stream.
     mass_failure_at_s: float | None = None
     mass_failure_fraction: float = 0.1
 
@@ -320,7 +321,18 @@ class FleetSim:
         cfg = self.config
         pick = random.Random(cfg.seed * 1_000_003 + 17)  # its own stream: the victims do not depend on history
         ids = sorted(self.devices)
-        victims = set(pick.sample(ids, min(len(ids), round(cfg.mass_failure_fraction * len(ids)))))
+        count = min(len(ids), round(cfg.mass_failure_fraction * len(ids)))
+        # The scheduler packs work onto the few best devices, so a uniform sample of 10 % usually
+        # misses every host and measures nothing: the most loaded host is always among the victims
+        # (a worst case for re-placement), the rest are drawn uniformly.
+        load: dict[str, int] = {}
+        for a in self.controller.assignments.values():
+            load[a.device] = load.get(a.device, 0) + 1
+        busiest = max(sorted(load), key=lambda d: load[d]) if load else None
+        others = [d for d in ids if d != busiest]
+        victims = set(pick.sample(others, max(0, count - (busiest is not None))))
+        if busiest is not None and count:
+            victims.add(busiest)
         # A workload whose source or sink died cannot run anywhere until that device returns:
         # that times the device's repair, not the re-placement, so those are counted apart.
         ends = {w.name for w in self.workloads if w.source in victims or w.sink in victims}

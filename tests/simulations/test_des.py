@@ -68,7 +68,7 @@ def test_mass_failure_is_repaired_and_timed():
     r = FleetSim(devs, _workloads(4), cfg, clock=_fake_clock()).run()
     m = r.summary()["mass_failure"]
     assert m["at_s"] == 200.0 and m["devices"] == 10 and m["devices_crashed"] == 10
-    assert m["partitions_hit"] > 0 and m["workloads_hit"] > 0  # (seed chosen so that it hits)
+    assert m["partitions_hit"] > 0 and m["workloads_hit"] > 0  # the busiest host is always a victim
     # the Will arrives after 0.05 s, the repair deploys in 0.2 s: everything runs again well within a second
     assert 0.2 <= m["recovered_after_s"] < 1.0
     assert m["schedule_calls"] >= m["partitions_hit"] > 0
@@ -87,3 +87,12 @@ def test_scaled_scenario_keeps_spread_endpoints_inside_the_fleet():
     ends = {w[e] for w in s.workloads for e in ("source", "sink")}
     assert all(int(x[4:]) < 1000 for x in ends)
     assert s.workloads[3]["source"] == f"dev-{(3 * 7) % 1000:05d}"
+
+
+def test_mass_failure_always_takes_the_busiest_host():
+    for seed in (1, 2, 3):
+        devs = make_fleet(60, random.Random(seed))
+        cfg = SimConfig(duration_s=400.0, seed=seed, mass_failure_at_s=100.0, mass_failure_fraction=0.1)
+        m = FleetSim(devs, _workloads(4), cfg, clock=_fake_clock()).run().summary()["mass_failure"]
+        assert m["devices"] == 6 and m["partitions_hit"] > 0, seed
+        assert m["recovered_after_s"] is not None and m["recovered_after_s"] < 1.0, seed
