@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from fog_broker.controller import Controller, ControllerConfig, DeployPartition, UndeployPartition
+from fog_broker.controller import Controller, ControllerConfig, DeployPartition, Phase, UndeployPartition
 from fog_broker.placement import Workload, schedule
 from fog_broker.registry import DeviceLost, Registry, RegistryConfig
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionStatus
@@ -354,10 +354,13 @@ class FleetSim:
             self.mass["recovered_after_s"] = 0.0
 
     def _mass_check(self, now: float) -> None:
-        """Recovered: no hit assignment is current any more and every hit workload runs all replicas."""
-        current = self.controller.assignments
-        if any(current.get(a.key) is a for a in self._mass_hit):
-            return
+        """Recovered: every hit partition runs again, deployed after the failure (elsewhere, or in
+        place when its device rebooted before it was declared dead), and every hit workload runs."""
+        current, at = self.controller.assignments, self.mass["at_s"]
+        for a in self._mass_hit:
+            cur = current.get(a.key)
+            if cur is not None and (cur.phase is not Phase.RUNNING or not cur.running_since >= at):
+                return
         wl = self.controller.workloads
         if any(w in wl and wl[w].status != "running" for w in self._mass_workloads):
             return
