@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from runtime import codec
-from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
+from runtime.broker import MosquittoBroker, find_mosquitto
 from runtime.messages import DeviceState, Envelope
 from runtime.mqtt import Inbound, MqttClient
 from runtime.security import MAC_LEN, Identity, Signer
@@ -29,10 +29,8 @@ T = Topics(SITE)
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("mq"), port=0, persistence=False)).start()
-    yield b
-    b.stop()
+def broker(mosquitto_module: MosquittoBroker) -> MosquittoBroker:
+    return mosquitto_module
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from runtime import codec
-from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
+from runtime.broker import MosquittoBroker, find_mosquitto
 from runtime.messages import (
     ControlReply, ControlRequest, Deploy, DeviceBirth, DeviceDeath, DeviceState, Envelope, FleetSummary,
     FogState, Rebirth,
@@ -33,10 +33,8 @@ T = Topics(SITE)
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("mq"), port=0, persistence=False)).start()
-    yield b
-    b.stop()
+def broker(mosquitto_module: MosquittoBroker) -> MosquittoBroker:
+    return mosquitto_module
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Shared fixtures for integration tests: a real mosquitto on 127.0.0.1."""
+"""Shared fixtures: a real mosquitto on 127.0.0.1 (integration tests in every package use it)."""
 from __future__ import annotations
 
 from pathlib import Path
