@@ -1,9 +1,11 @@
 """Runtime foundation benchmark: codec, envelope signing, MQTT through mosquitto; baselines in the same run.
 
-``python -m benchmarks.runtime_bench [--quick]`` (or ``fogline bench runtime``)
+``python -m benchmarks.runtime_bench [--quick] [--only codec|security|mqtt]`` (or ``fogline bench runtime``)
 
 * codec: MB/s to encode and decode an ``InferenceRequest`` carrying one
-  1 MiB float32 array, vs ``pickle`` protocol 5 of the same tensors dict;
+  1 MiB float32 array, vs ``pickle`` protocol 5 of the same tensors dict; also
+  the decode time of a ``Deploy`` with an 8 MiB artifact, of a signed envelope
+  (tight budget), and how fast a 16 MiB decode bomb is refused;
 * security: envelopes/s through ``Verifier.open(Signer.seal_bytes(...))``
   (encode, sign, decode, verify, replay window), vs raw ``cryptography``
   Ed25519 sign + verify of the same payload bytes;
@@ -35,7 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from runtime import codec  # noqa: E402
-from runtime.messages import CommandAck, InferenceRequest  # noqa: E402
+from runtime.errors import DecodeError  # noqa: E402
+from runtime.messages import CommandAck, Deploy, DeviceState, InferenceRequest  # noqa: E402
 from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
 from benchmarks._emit import emit
 
@@ -81,6 +84,21 @@ def bench_codec(budget: float) -> dict[str, Any]:
     }
     out["encode_vs_pickle"] = out["encode_mb_s"] / out["pickle5_dumps_mb_s"]
     out["decode_vs_pickle"] = out["decode_mb_s"] / out["pickle5_loads_mb_s"]
+    deploy = codec.encode(Deploy("c1", "w", 1, 0, 0, "a" * 64, bytes(8 * MIB), b"s" * 64, "fog", 10**8))
+    out["deploy_8mib_decode_ms"] = 1e3 / rate(lambda: codec.decode(deploy), budget)
+    env = Signer(Identity.from_seed("dev-1", b"bench"), 1).seal_bytes(DeviceState("dev-1", 1, 1, 10**9), 1.0)
+    out["envelope_decode_us"] = 1e6 / rate(lambda: codec.decode_envelope(env), budget)
+    meta = b"\xdd" + (16 * MIB - 200).to_bytes(4, "big") + b"\x90" * (16 * MIB - 200)
+    bomb = codec.MAGIC + len(meta).to_bytes(4, "little") + meta  # 16 MiB of empty arrays
+
+    def refuse() -> None:
+        try:
+            codec.decode(bomb)
+        except DecodeError:
+            return
+        raise AssertionError("the decode bomb was accepted")
+
+    out["bomb_16mib_refused_ms"] = 1e3 / rate(refuse, budget, min_iters=1)
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -264,23 +282,31 @@ def bench_mqtt(quick: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="runtime_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short run (< 30 s)")
+    ap.add_argument("--only", choices=("codec", "security", "mqtt"), action="append",
+                    help="run only this part (repeatable); the default runs all three")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench" / "runtime.json"))
     args = ap.parse_args(argv)
     budget = 0.5 if args.quick else 2.0
+    parts = set(args.only or ("codec", "security", "mqtt"))
     t0 = time.perf_counter()
-    result = {
-        "quick": args.quick,
-        "codec": bench_codec(budget),
-        "security": bench_security(budget),
-        "mqtt": bench_mqtt(args.quick),
-    }
+    result: dict[str, Any] = {"quick": args.quick}
+    if "codec" in parts:
+        result["codec"] = bench_codec(budget)
+    if "security" in parts:
+        result["security"] = bench_security(budget)
+    if "mqtt" in parts:
+        result["mqtt"] = bench_mqtt(args.quick)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     emit("runtime", result, path=Path(args.out))
-    c, s, m = result["codec"], result["security"], result["mqtt"]
-    print(f"codec encode {c['encode_mb_s']:.0f} MB/s = {c['encode_vs_pickle']:.2f}x pickle5; "
-          f"decode {c['decode_mb_s']:.0f} MB/s = {c['decode_vs_pickle']:.1f}x pickle5", file=sys.stderr)
-    print(f"envelope seal+open {s['envelope_seal_open_per_s']:.0f}/s = {s['envelope_vs_raw']:.2f}x raw "
-          f"Ed25519 sign+verify ({s['raw_sign_verify_per_s']:.0f}/s)", file=sys.stderr)
+    c, s, m = result.get("codec"), result.get("security"), result.get("mqtt", {})
+    if c:
+        print(f"codec encode {c['encode_mb_s']:.0f} MB/s = {c['encode_vs_pickle']:.2f}x pickle5; "
+              f"decode {c['decode_mb_s']:.0f} MB/s = {c['decode_vs_pickle']:.1f}x pickle5; "
+              f"Deploy 8 MiB {c['deploy_8mib_decode_ms']} ms, envelope {c['envelope_decode_us']} us, "
+              f"16 MiB bomb refused in {c['bomb_16mib_refused_ms']:.0f} ms", file=sys.stderr)
+    if s:
+        print(f"envelope seal+open {s['envelope_seal_open_per_s']:.0f}/s = {s['envelope_vs_raw']:.2f}x raw "
+              f"Ed25519 sign+verify ({s['raw_sign_verify_per_s']:.0f}/s)", file=sys.stderr)
     if "ratios" in m:
         print(f"mqtt rtt p50 {m['runtime']['rtt_p50_ms']} ms ({m['ratios']['rtt_p50_vs_raw']}x raw paho), "
               f"qos1 {m['runtime']['qos1']['msg_per_s']} msg/s ({m['ratios']['qos1_vs_raw']}x), "

@@ -1,7 +1,27 @@
 """cloud_coordinator: the Flower coordinator of a Fogline deployment.
 
-Pure cores live in ``cloud_coordinator.aggregation`` (Byzantine-robust
-aggregation rules, pre-aggregators and the stateful ``Aggregator`` the round
-loop checkpoints) and ``cloud_coordinator.attacks`` (attacks shared by the
-simulator and the robustness benchmark). Importing this package imports neither.
+``RobustStrategy`` (a Flower Message-API strategy: Byzantine-robust rules,
+bounded rounds, signed quorum-replicated checkpoints with resume, releases of
+the trained model to the fog) and ``Release`` (the export hook) are the public
+API for Flower Apps. Pure cores live in ``cloud_coordinator.aggregation``
+(rules, pre-aggregators, the stateful ``Aggregator``) and
+``cloud_coordinator.attacks``. Importing this package imports neither Flower
+nor numpy: the strategy loads on first use.
 """
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RobustStrategy", "Release", "RunFailed"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RobustStrategy", "RunFailed"):
+        from . import strategy
+
+        return getattr(strategy, name)
+    if name == "Release":
+        from .release import Release
+
+        return Release
+    raise AttributeError(name)

@@ -1,113 +1,292 @@
-"""``fogline coordinator``: run (or resume) federated training through Flower's Deployment Engine."""
+"""``fogline coordinator``, ``fogline supernodes`` and ``fogline release``.
+
+``fogline coordinator --app DIR`` runs a user's Flower App (``flwr new``
+layout) on Flower's Deployment Engine with Fogline's supervision; without
+``--app`` it runs the bundled digits app (``examples/digits``), whose run
+config the digits flags (``--model``, ``--lr``, ...) set.
+"""
 from __future__ import annotations
 
 import argparse
-import os
+import json
+import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "run_config_from_args"]
+__all__ = ["register"]
+
+log = logging.getLogger("fogline.coordinator")
+
+# digits-app flags -> its run config keys (value transforms where the meaning differs)
+_DIGITS_FLAGS = {"model": "model", "num_partitions": "num-partitions", "local_epochs": "local-epochs", "lr": "lr"}
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "coordinator", help="run federated rounds (Flower SuperLink + ServerApp), resuming from checkpoints",
-        description="Start (or connect to) a Flower SuperLink, run the rounds with a Byzantine-robust rule, "
-                    "checkpoint to every --checkpoint-dir/--replica-dir, resume after crashes, release the model.")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--rule", default="trimmed_mean", help="aggregation rule, e.g. trimmed_mean, bulyan, "
-                   "nnm+centered_clipping (see cloud_coordinator.aggregation.RULES)")
-    p.add_argument("--f", type=int, default=1, help="Byzantine clients to tolerate")
-    p.add_argument("--checkpoint-dir", required=True, type=Path)
-    p.add_argument("--replica-dir", action="append", type=Path, default=[],
-                   help="another checkpoint replica (repeatable); writes need a quorum of 2")
-    p.add_argument("--superlink", default="127.0.0.1:9093",
-                   help="SuperLink HOST:PORT; started here unless one already listens there")
-    p.add_argument("--mqtt", default="", help="MQTT broker HOST:PORT for fleet summaries and model releases")
-    p.add_argument("--site", default="default")
-    p.add_argument("--min-clients", type=int, default=2)
-    p.add_argument("--round-timeout", type=float, default=60.0)
-    p.add_argument("--grace", type=float, default=5.0, help="wait this long for stragglers after a quorum")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", choices=("softmax", "mlp"), default="softmax")
-    p.add_argument("--num-partitions", type=int, default=3, help="how the digits data is split among devices")
-    p.add_argument("--non-iid", type=float, default=None, metavar="ALPHA", help="Dirichlet(alpha) split")
-    p.add_argument("--local-epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=0.1)
+        "coordinator", help="run a Flower App's rounds robustly (SuperLink + ServerApp), resuming from checkpoints",
+        description="Start (or connect to) a Flower SuperLink with SuperNode authentication, run the app's rounds "
+                    "with a Byzantine-robust rule, checkpoint to every --checkpoint-dir/--replica-dir, resume after "
+                    "crashes, and release the model to the fog brokers.")
+    p.add_argument("--app", type=Path, default=None,
+                   help="Flower App directory ([tool.flwr.app] in its pyproject); default: examples/digits")
+    p.add_argument("--checkpoint-dir", required=True, type=Path, help="work directory and first checkpoint replica")
+    p.add_argument("--replica-dir", action="append", type=Path, default=[], help="another replica (repeatable)")
+    p.add_argument("--quorum", type=int, default=None,
+                   help="replicas a checkpoint must reach and a resume must find (default: a majority)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept per replica")
     p.add_argument("--checkpoint-mode", choices=("every-round", "young", "daly"), default="every-round")
-    p.add_argument("--release-every", type=int, default=0, help="release the model every N rounds (0: never)")
-    p.add_argument("--workload", default="digits")
+    p.add_argument("--rounds", type=int, default=None, help="override the app's number of rounds")
+    p.add_argument("--rule", default=None, help="aggregation rule, e.g. trimmed_mean, bulyan, nnm+centered_clipping")
+    p.add_argument("--f", type=int, default=None, help="Byzantine clients to tolerate")
+    p.add_argument("--min-clients", type=int, default=None, help="replies a round needs at least")
+    p.add_argument("--round-timeout", type=float, default=None)
+    p.add_argument("--grace", type=float, default=None, help="wait this long for stragglers after a quorum")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--superlink", default="127.0.0.1:9093",
+                   help="SuperLink HOST:PORT; started here unless one already listens there")
+    p.add_argument("--insecure", action="store_true",
+                   help="no TLS and no SuperNode authentication, plain MQTT (loopback addresses only)")
+    p.add_argument("--mqtt", default="", help="the site's fog broker HOST:PORT (summaries in, releases out)")
+    p.add_argument("--credentials", type=Path, default=None,
+                   help="coordinator credentials issued by the fog (fogline operators add NAME --role coordinator)")
+    p.add_argument("--release", dest="release_name", default="", help="release name (default: [tool.fogline])")
+    p.add_argument("--workload", dest="release_name", help=argparse.SUPPRESS)
+    p.add_argument("--release-every", type=int, default=0, help="release every K rounds (0: the app's setting)")
+    p.add_argument("--run-config", default="", help="app run config overrides, 'key=value key2=\"text\"'")
     p.add_argument("--battery-floor", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
-    p.add_argument("--model-module", default="models.train", help=argparse.SUPPRESS)
-    p.set_defaults(func=handler)
+    p.add_argument("--site", default="", help=argparse.SUPPRESS)  # the credentials name the site now
+    g = p.add_argument_group("digits app (examples/digits)")
+    g.add_argument("--model", choices=("softmax", "mlp"), default=None)
+    g.add_argument("--num-partitions", type=int, default=None)
+    g.add_argument("--non-iid", type=float, default=None, metavar="ALPHA", help="Dirichlet(alpha) label skew")
+    g.add_argument("--local-epochs", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    p.set_defaults(func=coordinator)
+
+    s = subparsers.add_parser("supernodes", help="SuperNode keys the coordinator authenticates",
+                              description="Flower SuperNode authentication: make a device key, authorize it.")
+    ss = s.add_subparsers(dest="action", metavar="ACTION", required=True)
+    k = ss.add_parser("keygen", help="make an EC P-384 key pair for a SuperNode (run on the device)")
+    k.add_argument("--out", type=Path, required=True)
+    k.add_argument("--name", default="supernode")
+    a = ss.add_parser("add", help="authorize DEVICE's public key")
+    a.add_argument("device")
+    a.add_argument("public_key", type=Path)
+    a.add_argument("--checkpoint-dir", required=True, type=Path)
+    r = ss.add_parser("remove", help="revoke DEVICE (takes effect when the coordinator's SuperLink restarts)")
+    r.add_argument("device")
+    r.add_argument("--checkpoint-dir", required=True, type=Path)
+    ls = ss.add_parser("list", help="authorized devices and key fingerprints")
+    ls.add_argument("--checkpoint-dir", required=True, type=Path)
+    s.set_defaults(func=supernodes)
+
+    rel = subparsers.add_parser("release", help="sign an ONNX model and publish it to a fog broker by hand",
+                                description="Check MODEL.onnx in onnxruntime, sign it with the coordinator "
+                                            "credentials and publish it as release NAME (not retained).")
+    rel.add_argument("model", type=Path)
+    rel.add_argument("--name", required=True)
+    rel.add_argument("--broker", required=True, help="fog broker HOST:PORT")
+    rel.add_argument("--credentials", type=Path, default=None, help="coordinator credentials directory")
+    rel.add_argument("--version", type=int, default=None, help="default: the current Unix time (always newer)")
+    rel.add_argument("--insecure", action="store_true", help="plain MQTT (loopback only)")
+    rel.set_defaults(func=release_cmd)
 
 
-def run_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    from .rounds import RunConfig
-
-    cfg = RunConfig(rounds=args.rounds, rule=args.rule, f=args.f, seed=args.seed, min_clients=args.min_clients,
-                    num_partitions=args.num_partitions, model=args.model, local_epochs=args.local_epochs,
-                    lr=args.lr, iid=args.non_iid is None, alpha=args.non_iid or 0.5,
-                    round_timeout_s=args.round_timeout, grace_s=args.grace)
-    dirs = [args.checkpoint_dir.resolve(), *(d.resolve() for d in args.replica_dir)]
-    rc: dict[str, Any] = {**cfg.to_mapping(), "checkpoint-dirs": os.pathsep.join(map(str, dirs)),
-                          "checkpoint-mode": args.checkpoint_mode, "keep": args.keep, "quorum": 2,
-                          "release-every": args.release_every, "workload": args.workload, "site": args.site,
-                          "mqtt": args.mqtt, "model-module": args.model_module,
-                          "battery-floor": args.battery_floor}
-    if args.mqtt:
-        rc["summaries-dir"] = str(dirs[0] / "summaries")
-    return rc
+def _error(text: str) -> int:
+    print(f"error: {text}", file=sys.stderr)
+    return 2
 
 
-def handler(args: argparse.Namespace) -> int:
+def _parse_run_config(text: str) -> dict[str, Any]:
+    import re
+    import tomllib
+
+    pairs = re.findall(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)", text)
+    try:
+        return tomllib.loads("\n".join(f'"{k}" = {v}' for k, v in pairs)) if pairs else {}
+    except tomllib.TOMLDecodeError:
+        raise ValueError(f"--run-config {text!r}: expected key=value pairs (strings in double quotes)") from None
+
+
+def _overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    out = _parse_run_config(args.run_config)
+    for flag, key in _DIGITS_FLAGS.items():
+        if getattr(args, flag) is not None:
+            out[key] = getattr(args, flag)
+    if args.non_iid is not None:
+        out.update({"iid": False, "alpha": float(args.non_iid)})
+    for flag, key in (("seed", "seed"), ("rule", "rule"), ("f", "f"), ("min_clients", "min-train-nodes"),
+                      ("round_timeout", "round-timeout"), ("grace", "grace"), ("rounds", "num-server-rounds")):
+        if getattr(args, flag) is not None and key in config:  # keep the app's own config consistent
+            out[key] = getattr(args, flag)
+    return out
+
+
+def coordinator(args: argparse.Namespace) -> int:
+    from runtime.errors import FoglineError
+    from runtime.security import Identity
+
+    from .aggregation import get_rule
+    from .app import STAGED_DIR, bundled_app, load_app, stage
+    from .launcher import RunStopped, Supervisor, SupervisorOptions, require_loopback_superlink
+    from .policy import CheckpointPolicy
+    from .release import ReleaseError, resolve_export
+    from .settings import RELEASES_DIR, SUMMARIES_DIR, Settings
+
+    if ":" not in args.superlink:
+        return _error("--superlink must be HOST:PORT")
+    if (args.rounds is not None and args.rounds < 1) or (args.min_clients is not None and args.min_clients < 1) or \
+            (args.f is not None and args.f < 0):
+        return _error("--rounds and --min-clients must be >= 1, --f >= 0")
+    try:
+        spec = load_app(args.app if args.app is not None else bundled_app("digits"))
+        rule = args.rule or str(spec.config.get("rule", "")) or None
+        if rule is not None or args.f is not None:
+            get_rule(rule or "centered_clipping", args.f if args.f is not None else int(spec.config.get("f", 1)))
+        dirs = [args.checkpoint_dir.resolve(), *(d.resolve() for d in args.replica_dir)]
+        CheckpointPolicy(mode=args.checkpoint_mode, keep=args.keep, quorum=args.quorum).quorum_for(len(dirs))
+        host = args.superlink.rpartition(":")[0]
+        if args.insecure:
+            require_loopback_superlink(host)
+        work = dirs[0]
+        work.mkdir(parents=True, exist_ok=True)
+        creds = None
+        if args.credentials is not None or args.mqtt:
+            from runtime.credentials import load_credentials
+
+            creds = load_credentials(args.credentials)
+        if creds is not None:
+            signing_path, signer = creds.dir / "signing.key", creds.name
+        else:
+            signing_path, signer = work / "coordinator.key", "coordinator"
+            Identity.load_or_create(signer, signing_path)
+        if spec.export:  # import the hook here too: a typo fails now, not in a ServerApp log
+            sys.path.insert(0, str(spec.dir))
+            try:
+                resolve_export(spec.export)
+            finally:
+                sys.path.remove(str(spec.dir))
+        overrides = _overrides(args, dict(spec.config))
+        settings = Settings(
+            work_dir=str(work), checkpoint_dirs=tuple(map(str, dirs)), quorum=args.quorum, keep=args.keep,
+            checkpoint_mode=args.checkpoint_mode, signing_key=str(signing_path), signer=signer,
+            rule=args.rule, f=args.f, rounds=args.rounds, round_timeout=args.round_timeout, grace=args.grace,
+            min_train_nodes=args.min_clients, seed=args.seed, export=spec.export,
+            release_name=args.release_name or spec.release or spec.name,
+            release_every=args.release_every or spec.every, input_shape=spec.input_shape,
+            supernodes="" if args.insecure else str(work / "supernodes.json"),
+            summaries_dir=str(work / SUMMARIES_DIR) if creds is not None and args.mqtt else "",
+            fog_keys={creds.fog.fog_id: creds.fog.public_key.hex()} if creds is not None and args.mqtt else {},
+            fog_sites={creds.fog.fog_id: creds.fog.site} if creds is not None and args.mqtt else {},
+            battery_floor=args.battery_floor)
+        if not args.insecure and not (work / "supernodes.json").exists():
+            log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
+        staged = stage(spec, work / STAGED_DIR, overrides)
+        settings_path = settings.save()
+        link = None
+        if args.mqtt:
+            from .foglink import FogLink
+
+            assert creds is not None
+            link = FogLink.connect(args.mqtt, creds, work, insecure=args.insecure)
+            link.start()
+        sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.insecure,
+                                           args.max_restarts, args.timeout),
+                         on_tick=link.publish_pending if link is not None else None)
+        try:
+            doc = sup.run()
+            if link is not None:
+                link.publish_pending()
+        finally:
+            if link is not None:
+                link.stop()
+    except RunStopped as exc:
+        return _error(str(exc))
+    except (FoglineError, ReleaseError, ValueError) as exc:
+        return _error(str(exc))
+    _print_report(doc, work / RELEASES_DIR, settings)
+    return 0
+
+
+def _print_report(doc: dict[str, Any], releases: Path, s: Any) -> None:
+    hist = doc.get("history", [])
+    print(f"fogline coordinator: {doc.get('rounds_done')}/{doc.get('rounds')} rounds, resumed after round "
+          f"{doc.get('resumed_from')}, config {doc.get('config_hash')}")
+    for h in hist:
+        acc = (h.get("server") or {}).get("accuracy")
+        extra = f" rejected {h['rejected']}" if h.get("rejected") else ""
+        skipped = f" SKIPPED: {h['skipped']}" if h.get("skipped") else ""
+        print(f"  round {h['round']}: {len(h.get('accepted', []))}/{len(h.get('clients', []))} accepted"
+              f"{'' if acc is None else f', accuracy {acc:.4f}'}{extra}{skipped}")
+    for rel in doc.get("releases", []):
+        if "error" in rel:
+            print(f"  release after round {rel['round']} failed: {rel['error']}")
+        else:
+            print(f"  released {s.release_name} v{rel['version']} sha256 {rel['sha256'][:12]}")
+    print(f"checkpoints in {', '.join(s.checkpoint_dirs)}; report {Path(s.work_dir) / 'report.json'}")
+
+
+def supernodes(args: argparse.Namespace) -> int:
     from runtime.errors import FoglineError
 
-    from .aggregation import RULES
-    from .launcher import CoordinatorOptions, Supervisor
+    from .supernodes import SUPERNODES_FILE, KeyBook, keygen
 
-    rule = args.rule.split("+")[-1]
-    if rule not in RULES:
-        print(f"error: unknown rule {args.rule!r}; choose from {', '.join(RULES)}", file=sys.stderr)
-        return 2
-    if args.rounds < 1 or args.min_clients < 1 or args.f < 0:
-        print("error: --rounds and --min-clients must be >= 1, --f >= 0", file=sys.stderr)
-        return 2
-    if ":" not in args.superlink:
-        print("error: --superlink must be HOST:PORT", file=sys.stderr)
-        return 2
     try:
-        rc = run_config_from_args(args)
+        if args.action == "keygen":
+            priv, pub = keygen(args.out, args.name)
+            print(f"private key {priv} (flower-supernode --auth-supernode-private-key {priv})")
+            print(f"public key  {pub} (on the coordinator: fogline supernodes add DEVICE {pub} --checkpoint-dir D)")
+            return 0
+        book = KeyBook(args.checkpoint_dir / SUPERNODES_FILE)
+        if args.action == "add":
+            try:
+                data = args.public_key.read_bytes()
+            except OSError as exc:
+                return _error(f"cannot read {args.public_key}: {exc.strerror or exc}")
+            node = book.add(args.device, data)
+            print(f"authorized {node.device_id}: key {node.key_id[:16]}")
+        elif args.action == "remove":
+            book.remove(args.device)
+            print(f"removed {args.device}")
+        else:
+            for dev, node in sorted(book.nodes.items()):
+                print(f"{dev}\t{node.key_id[:16]}")
+        return 0
     except FoglineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    bridge = None
-    if args.mqtt:
-        from .summaries import SummaryBridge
+        return _error(str(exc))
 
-        bridge = SummaryBridge(args.mqtt, args.site, Path(rc["summaries-dir"]))
-        bridge.start()
+
+def release_cmd(args: argparse.Namespace) -> int:
+    from runtime import codec
+    from runtime.credentials import load_credentials
+    from runtime.errors import FoglineError
+    from runtime.mqtt import MqttClient, parse_hostport
+    from runtime.net import require_loopback
+    from runtime.topics import Topics
+
+    from .release import build_release, onnx_file
+
     try:
-        doc = Supervisor(CoordinatorOptions(args.checkpoint_dir.resolve(), rc, args.superlink,
-                                            max_restarts=args.max_restarts, timeout_s=args.timeout)).run()
-    finally:
-        if bridge is not None:
-            bridge.stop()
-    last = doc["history"][-1] if doc["history"] else {}
-    acc = last.get("accuracy")
-    print(f"fogline coordinator: {doc['rounds_done']}/{doc['rounds']} rounds, rule {args.rule} f={args.f}, "
-          f"resumed after round {doc['resumed_from']}, config {doc['config_hash']}")
-    for h in doc["history"]:
-        extra = f" rejected {sorted(h['rejected'])}" if h.get("rejected") else ""
-        print(f"  round {h['round']}: {len(h['clients'])} clients, accuracy {h.get('accuracy', float('nan')):.4f}"
-              f"{extra}")
-    if acc is not None:
-        print(f"final accuracy {acc:.4f}; checkpoints in {args.checkpoint_dir}")
-    for rel in doc.get("releases", []):
-        print(f"  released v{rel['version']} sha256 {rel['sha256'][:12]} published={rel['published']}")
+        host, port = parse_hostport(args.broker)
+        if args.insecure:
+            require_loopback(host)
+        creds = load_credentials(args.credentials)
+        blob = onnx_file(args.model)
+        version = args.version if args.version is not None else int(time.time())
+        rel = build_release(blob, creds.signing, args.name, version, {"source": args.model.name})
+        client = MqttClient(creds.name, host, port, tls=None if args.insecure else creds.tls_for(None))
+        client.start(wait_s=15.0)
+        try:
+            if not client.publish(Topics(creds.fog.site).release(), codec.encode(rel), qos=1, retain=False).wait(15):
+                return _error(f"the broker at {args.broker} did not acknowledge the release")
+        finally:
+            client.stop()
+    except (FoglineError, ValueError) as exc:
+        return _error(str(exc))
+    print(json.dumps({"name": rel.workload, "version": rel.version, "sha256": rel.sha256, "signer": rel.signer,
+                      "bytes": len(blob)}))
     return 0

@@ -1,47 +1,61 @@
-"""Process shell of ``fogline coordinator``: SuperLink, Flower App, ``flwr run``, supervision.
+"""Process shell of ``fogline coordinator``: SuperLink, the staged Flower App, ``flwr run``, supervision.
 
 Flower's Deployment Engine as its authors intend: a SuperLink (started here
 unless one already listens at the address), SuperNodes started by the
-devices, and ``flwr run`` of a local Flower App whose ServerApp is
-``cloud_coordinator.flower_server:app``. The App directory and the Flower
-config (``FLWR_HOME``) are generated into the checkpoint directory, so an
-installed package works offline. Flower marks a run failed when the SuperLink
-dies and never resumes it; this shell restarts the SuperLink (if it owns it)
-and submits a new run, which resumes from the newest verified checkpoint.
+devices, and ``flwr run`` of the user's Flower App, staged into the work
+directory with the supervisor's settings. SuperNode authentication is on
+unless ``insecure``: the SuperLink gets a TLS certificate from a small CA in
+the work directory (SuperNodes trust ``superlink-tls/ca.pem``), runs with
+``--enable-supernode-auth``, and every key of ``supernodes.json`` is
+registered with ``flwr supernode register KEY --name DEVICE``.
+
+Flower marks a run failed when the SuperLink or the ServerApp dies and never
+resumes it; this shell restarts the SuperLink (if it owns it) and submits a
+new run, which resumes from the newest verified checkpoint. A ServerApp that
+stops on bad input writes ``fatal.json``: that is reported as one line and
+not restarted.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.broker import free_port, port_open
-from runtime.errors import FoglineError
+from runtime.broker import port_open
+from runtime.errors import FoglineError, LocalViolation
 
-from .store import REPORT_FILE
+from .settings import FATAL_FILE, REPORT_FILE, SETTINGS_ENV, SETTINGS_KEY
+from .supernodes import SUPERNODES_FILE, KeyBook
 
-__all__ = ["CoordinatorOptions", "Supervisor", "flower_env", "write_app"]
+__all__ = ["SupervisorOptions", "Supervisor", "flower_env", "RunStopped", "TLS_DIR"]
 
 log = logging.getLogger(__name__)
-APP_DIR = ".flower_app"
 FLWR_HOME_DIR = ".flwr"
+TLS_DIR = "superlink-tls"
 CONNECTION = "fogline"
 
 
+class RunStopped(FoglineError):
+    """The ServerApp stopped the run on bad input (``fatal.json``): no restart helps."""
+
+
 @dataclass(frozen=True, slots=True)
-class CoordinatorOptions:
-    checkpoint_dir: Path
-    run_config: Mapping[str, Any]
+class SupervisorOptions:
+    work_dir: Path
+    app_dir: Path                      # the staged app
+    settings_path: Path
     superlink: str = "127.0.0.1:9093"
+    insecure: bool = False             # plain SuperLink, no SuperNode authentication (loopback only)
     max_restarts: int = 5
     timeout_s: float = 3600.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -62,42 +76,8 @@ def flower_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, 
     return env
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
-
-
-def write_app(app_dir: Path, run_config: Mapping[str, Any]) -> Path:
-    """The Flower App: only a pyproject naming our installed ServerApp/ClientApp and the run config."""
-    app_dir.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
-        "[project]", 'name = "fogline-coordinator"', 'version = "1.0.0"',
-        'description = "Fogline federated training (generated; edit the fogline CLI flags instead)"',
-        'license = "Apache-2.0"', "dependencies = []", "",
-        "[tool.flwr.app]", 'publisher = "fogline"', "",
-        "[tool.flwr.app.components]", 'serverapp = "cloud_coordinator.flower_server:app"',
-        'clientapp = "edge_agent.flower_client:app"', "",
-        "[tool.flwr.app.config]",
-    ]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in sorted(run_config.items())]
-    path = app_dir / "pyproject.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def write_flower_config(home: Path, address: str) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "{address}"\ninsecure = true\n')
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the SuperLink gets SIGKILL when the coordinator dies, even by kill -9."""
+    """Linux: the child gets SIGKILL when the coordinator dies, even by kill -9."""
     try:
         import ctypes
 
@@ -106,12 +86,29 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def superlink_tls(work_dir: Path, host: str) -> tuple[Path, Path, Path]:
+    """(ca, certificate, key) of the SuperLink: a CA of its own under ``work_dir/superlink-tls``."""
+    import ipaddress
+
+    from runtime.pki import SiteCA
+
+    d = work_dir / TLS_DIR
+    ca = SiteCA.load_or_create(d, "superlink")
+    try:
+        ipaddress.ip_address(host)
+        ips, names = {"127.0.0.1", host}, {"localhost"}
+    except ValueError:
+        ips, names = {"127.0.0.1"}, {"localhost", host}
+    ca.ensure_server_cert(d, names, ips)
+    return d / "ca.pem", d / "broker.pem", d / "broker.key"
+
+
 class Supervisor:
     """Keeps one SuperLink (if owned) and one run alive until ``report.json`` says done."""
 
-    def __init__(self, opts: CoordinatorOptions) -> None:
+    def __init__(self, opts: SupervisorOptions, *, on_tick: Any = None) -> None:
         self.opts = opts
-        self.dir = opts.checkpoint_dir
+        self.dir = opts.work_dir
         self.home = self.dir / FLWR_HOME_DIR
         host, _, port = opts.superlink.rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
@@ -120,24 +117,42 @@ class Supervisor:
         self.owned = False
         self.generation = 0
         self.restarts = 0
-        self.env = flower_env(self.home, opts.extra_env)
+        self.on_tick = on_tick  # called every poll (the fog link publishes releases there)
+        self.env = flower_env(self.home, {**opts.extra_env, SETTINGS_ENV: str(opts.settings_path)})
 
     # -- SuperLink
+    def _write_connection(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
+                 f'address = "{self.host}:{self.port}"']
+        if self.opts.insecure:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.dir / TLS_DIR / "ca.pem"}"')
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
     def ensure_superlink(self, timeout_s: float = 30.0) -> None:
         if self.superlink is not None and self.superlink.poll() is None:
             return
         if self.superlink is None and not self.owned and port_open(self.host, self.port):
             log.info("using the SuperLink already at %s:%d", self.host, self.port)
+            self._write_connection()
+            self.register_supernodes()
             return
         self.generation += 1
-        # The same database across restarts: SuperNodes keep their node ids (a fresh
-        # database answers their heartbeats with 401 and they shut down).
+        # The same database across restarts: SuperNodes keep their node ids and registrations.
         db = self.dir / "superlink.db"
+        cmd = [_bin("flower-superlink"), "--database", str(db), "--host", self.host, "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        if self.opts.insecure:
+            cmd.append("--insecure")
+        else:
+            ca, cert, key = superlink_tls(self.dir, self.host)
+            cmd += ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
+                    "--enable-supernode-auth"]
         logf = open(self.dir / "superlink.log", "ab")  # noqa: SIM115 - owned by the child
-        self.superlink = subprocess.Popen(
-            [_bin("flower-superlink"), "--insecure", "--database", str(db), "--host", self.host,
-             "--port", str(self.port), "--disable-runtime-dependency-installation"],
-            stdout=logf, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
+        self.superlink = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                                          preexec_fn=_die_with_parent)
         logf.close()
         self.owned = True
         deadline = time.monotonic() + timeout_s
@@ -146,6 +161,35 @@ class Supervisor:
                 raise FoglineError(f"SuperLink did not start on {self.host}:{self.port} "
                                    f"(see {self.dir / 'superlink.log'})")
             time.sleep(0.2)
+        self._write_connection()
+        self.register_supernodes()
+
+    def register_supernodes(self) -> None:
+        """Register every authorized key with the SuperLink (Flower's Control API); known ones are skipped."""
+        if self.opts.insecure:
+            return
+        book = KeyBook(self.dir / SUPERNODES_FILE)
+        if not book.nodes:
+            log.warning("no SuperNode is authorized yet (fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s)",
+                        self.dir)
+            return
+        procs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for dev, node in sorted(book.nodes.items()):
+                pub = Path(tmp) / f"{dev}.pub"
+                pub.write_text(node.public_key + "\n")
+                procs.append((dev, subprocess.Popen(
+                    [_bin("flwr"), "supernode", "register", str(pub), CONNECTION, "--name", dev],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)))
+            for dev, p in procs:
+                out, _ = p.communicate(timeout=60)
+                text = out.decode(errors="replace")
+                if p.returncode == 0:
+                    log.info("registered SuperNode %s", dev)
+                elif "already" in text.lower() or "in use" in text.lower():
+                    log.debug("SuperNode %s already registered", dev)
+                else:
+                    log.warning("registering SuperNode %s failed: %s", dev, " ".join(text.split())[-300:])
 
     def superlink_dead(self) -> bool:
         if self.owned:
@@ -154,23 +198,27 @@ class Supervisor:
 
     # -- runs
     def submit(self) -> None:
-        app = self.dir / APP_DIR
-        write_app(app, self.opts.run_config)
-        write_flower_config(self.home, f"{self.host}:{self.port}")
+        overrides = self.dir / "run-config.toml"
+        overrides.write_text(f'{SETTINGS_KEY} = {json.dumps(str(self.opts.settings_path))}\n')
         logf = open(self.dir / "flwr-run.log", "ab")  # noqa: SIM115 - owned by the child
-        self.run_proc = subprocess.Popen([_bin("flwr"), "run", str(app), CONNECTION, "--stream"],
-                                         stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                         preexec_fn=_die_with_parent)
+        self.run_proc = subprocess.Popen(
+            [_bin("flwr"), "run", str(self.opts.app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
+            stdout=logf, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
         logf.close()
 
-    def report(self, since: float) -> dict[str, Any] | None:
+    def _json(self, name: str, since: float) -> dict[str, Any] | None:
         try:
-            doc = json.loads((self.dir / REPORT_FILE).read_text())
+            doc = json.loads((self.dir / name).read_text())
         except (OSError, ValueError):
             return None
-        if doc.get("finished_at", 0) < since or doc.get("rounds_done") != self.opts.run_config["rounds"]:
-            return None
-        return doc  # type: ignore[no-any-return]
+        stamp = doc.get("finished_at", doc.get("at", 0))
+        return doc if isinstance(doc, dict) and stamp >= since else None
+
+    def _outcome(self, since: float) -> dict[str, Any] | None:
+        if (fatal := self._json(FATAL_FILE, since)) is not None:
+            raise RunStopped(str(fatal.get("error", "the run stopped")))
+        doc = self._json(REPORT_FILE, since)
+        return doc if doc is not None and doc.get("done") else None
 
     def run(self) -> dict[str, Any]:
         """Until done: (re)start the SuperLink and the run; bounded restarts and total time."""
@@ -182,7 +230,9 @@ class Supervisor:
                 self.submit()
                 assert self.run_proc is not None
                 while True:
-                    if (doc := self.report(started)) is not None:
+                    if self.on_tick is not None:
+                        self.on_tick()
+                    if (doc := self._outcome(started)) is not None:
                         return doc
                     if time.monotonic() > deadline:
                         raise FoglineError(f"coordinator timed out after {self.opts.timeout_s:.0f} s")
@@ -190,11 +240,11 @@ class Supervisor:
                         log.warning("SuperLink died mid-run; restarting it and resuming from checkpoint")
                         break
                     if self.run_proc.poll() is not None:
-                        time.sleep(1.0)  # the report may land just after the stream closes
-                        if (doc := self.report(started)) is not None:
-                            return doc
-                        log.warning("run ended without finishing (exit %s); resubmitting",
-                                    self.run_proc.returncode)
+                        for _ in range(10):  # the report may land just after the stream closes
+                            if (doc := self._outcome(started)) is not None:
+                                return doc
+                            time.sleep(0.3)
+                        log.warning("run ended without finishing (exit %s); resubmitting", self.run_proc.returncode)
                         break
                     time.sleep(0.5)
                 self._stop_run()
@@ -221,3 +271,13 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.superlink.kill()
                 self.superlink.wait(10)
+
+
+def require_loopback_superlink(host: str) -> None:
+    """``--insecure`` (no TLS, no SuperNode authentication) only where nobody else can connect."""
+    from runtime.net import is_loopback
+
+    if not is_loopback(host):
+        raise LocalViolation(f"--insecure is refused for SuperLink address {host}: without TLS and SuperNode "
+                             "authentication anyone who reaches it joins the federation; loopback only")
+    log.warning("INSECURE: SuperLink %s without TLS or SuperNode authentication (one machine only)", host)

@@ -77,20 +77,29 @@ class CheckpointPolicy:
 
     ``mode`` "every-round" checkpoints after each round; "young" and "daly"
     derive the interval from measured cost and MTBF. ``keep`` is K, the
-    checkpoints retained per replica; ``quorum`` the replicas a write needs.
+    checkpoints retained per replica; ``quorum`` the replicas a write needs and
+    a resume must find a round verified in (None: a majority of the replicas).
     """
 
     mode: str = "every-round"
     keep: int = 3
-    quorum: int = 2
+    quorum: int | None = None
     prior_mtbf_s: float = 3600.0
     max_rounds_between: int = 50
 
     def __post_init__(self) -> None:
         if self.mode not in ("every-round", "young", "daly"):
             raise LocalViolation(f"unknown checkpoint mode {self.mode!r}")
-        if self.keep < 1 or self.quorum < 1 or self.max_rounds_between < 1:
+        if self.keep < 1 or (self.quorum is not None and self.quorum < 1) or self.max_rounds_between < 1:
             raise LocalViolation("keep, quorum and max_rounds_between must be >= 1")
+
+    def quorum_for(self, replicas: int) -> int:
+        """The quorum over ``replicas`` directories; more than there are is an error, never a silent 1."""
+        q = replicas // 2 + 1 if self.quorum is None else self.quorum
+        if q > replicas:
+            raise LocalViolation(f"checkpoint quorum {q} is larger than the {replicas} replica "
+                                 f"director{'y' if replicas == 1 else 'ies'}; add replicas or lower the quorum")
+        return q
 
 
 def rounds_between_checkpoints(policy: CheckpointPolicy, round_time_s: float | None,
@@ -122,20 +131,30 @@ class ReplicaEntry:
     config_hash: str
     ok: bool
     reason: str = ""
+    sha256: str = ""
 
 
-def choose_resume(entries: Iterable[ReplicaEntry], config_hash: str | None = None) -> ReplicaEntry | None:
-    """Newest verified checkpoint in any replica (lowest replica index on ties).
+def choose_resume(entries: Iterable[ReplicaEntry], config_hash: str | None = None,
+                  quorum: int = 1) -> ReplicaEntry | None:
+    """Newest round verified, with the same payload, in at least ``quorum`` replicas.
 
-    A checkpoint written under another configuration (different seed, rule,
-    data split) is not resumed from: mixing them breaks reproducibility.
+    Returns that round's entry in its lowest-numbered replica. A checkpoint written
+    under another configuration (different seed, rule, data split) is not resumed
+    from: mixing them breaks reproducibility. A round found (or forged) in fewer
+    replicas than the quorum does not count, however new it is.
     """
-    best: ReplicaEntry | None = None
+    votes: dict[tuple[int, str, str], list[ReplicaEntry]] = {}
     for e in entries:
         if not e.ok or (config_hash is not None and e.config_hash != config_hash):
             continue
-        if best is None or (e.server_round, -e.replica) > (best.server_round, -best.replica):
-            best = e
+        votes.setdefault((e.server_round, e.sha256, e.config_hash), []).append(e)
+    best: ReplicaEntry | None = None
+    for group in votes.values():
+        if len({e.replica for e in group}) < quorum:
+            continue
+        first = min(group, key=lambda e: e.replica)
+        if best is None or (first.server_round, -first.replica) > (best.server_round, -best.replica):
+            best = first
     return best
 
 

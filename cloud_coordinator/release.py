@@ -1,108 +1,199 @@
-"""Model release: global weights -> ONNX -> signed ``ModelRelease`` -> fog brokers.
+"""Train to deploy: the global arrays -> the user's export hook -> checked ONNX -> signed release.
 
-The signed release is always written next to the checkpoints (so a release
-survives a missing broker); publishing over MQTT is optional and thin.
-A release version is the round number, so versions only grow across resumes.
+An export hook maps the global ``ArrayRecord`` to ONNX (bytes or an
+``onnx.ModelProto``): ``[tool.fogline] export = "package.module:to_onnx"`` in
+the app's pyproject, or ``RobustStrategy(release=Release(name, export=...))``.
+Before anything is signed the ONNX must load in onnxruntime and run once on
+its declared input shape (symbolic dimensions as 1), so a hook that fails or
+returns something else stops at the first check with one line, before round
+one. The signed ``ModelRelease`` (signer = the coordinator's credential name,
+``runtime.security.sign_artifact``) is written to the releases directory; the
+coordinator's fog link publishes it to the site's fog broker (not retained),
+and ``fogline release`` publishes a model by hand with the same signature.
 """
 from __future__ import annotations
 
+import importlib
 import logging
-import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from runtime import codec
+from runtime.errors import DecodeError, FoglineError
 from runtime.messages import ModelRelease
 from runtime.security import Identity, sign_artifact
-from runtime.topics import Topics
 
 from .store import atomic_write
 
-__all__ = ["build_release", "Releaser", "KEY_FILE"]
+__all__ = ["Release", "ReleaseError", "resolve_export", "export_onnx", "check_onnx", "build_release",
+           "write_release", "release_path", "valid_release_name", "read_release", "version_for", "onnx_file"]
 
 log = logging.getLogger(__name__)
-KEY_FILE = "coordinator.key"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def build_release(weights: Sequence[np.ndarray], identity: Identity, workload: str, version: int,
-                  metadata: Mapping[str, str] | None = None, *, onnx_module: str = "models.train",
-                  model: str = "softmax") -> ModelRelease:
-    """Export, hash and sign; the signed metadata is exactly ``ModelRelease.metadata``."""
-    import importlib
-
-    to_onnx = importlib.import_module(onnx_module).to_onnx
-    blob = to_onnx([np.asarray(w, dtype=np.float32) for w in weights])
-    artifact = blob if isinstance(blob, bytes) else blob.SerializeToString()
-    # The public key rides in the signed metadata so a fog broker can pin the coordinator on
-    # first use; later releases must verify against the pinned key, not this field.
-    meta = {"workload": workload, "version": str(version), "format": "onnx",
-            "public_key": identity.public_key_bytes.hex(), **dict(metadata or {})}
-    sig = sign_artifact(identity, artifact, meta)
-    return ModelRelease(workload, version, sig.sha256, artifact, sig.signature, identity.name, meta)
+class ReleaseError(FoglineError):
+    """The export hook failed or its output is not a runnable ONNX model."""
 
 
-class Releaser:
-    """After-round hook: every ``every`` rounds (and the last) build, store and maybe publish."""
-
-    def __init__(self, out_dir: Path, identity: Identity, workload: str, every: int, total_rounds: int, *,
-                 site: str = "default", mqtt: str = "", onnx_module: str = "models.train",
-                 model: str = "softmax", config_hash: str = "") -> None:
-        self.out_dir = out_dir
-        self.identity = identity
-        self.workload = workload
-        self.every = every
-        self.total = total_rounds
-        self.site = site
-        self.mqtt = mqtt
-        self.onnx_module = onnx_module
-        self.model = model
-        self.config_hash = config_hash
-        self.released: list[dict[str, Any]] = []
-
-    @classmethod
-    def from_run_config(cls, rc: Mapping[str, Any], ckpt_dir: Path) -> "Releaser | None":
-        every = int(rc.get("release-every", 0))
-        if every <= 0:
-            return None
-        key = Path(str(rc.get("identity-key", "")) or ckpt_dir / KEY_FILE)
-        ident = Identity.load_or_create(str(rc.get("identity-name", "coordinator")), key)
-        return cls(ckpt_dir / "releases", ident, str(rc.get("workload", "digits")), every, int(rc["rounds"]),
-                   site=str(rc.get("site", "default")), mqtt=str(rc.get("mqtt", "")),
-                   onnx_module=str(rc.get("model-module", "models.train")), model=str(rc.get("model", "softmax")))
-
-    def after_round(self, rnd: int, weights: tuple[np.ndarray, ...], entry: Mapping[str, Any]) -> None:
-        if rnd % self.every and rnd != self.total:
-            return
-        acc = entry.get("accuracy")
-        meta = {"round": str(rnd), **({"accuracy": f"{float(acc):.4f}"} if acc is not None else {})}
-        rel = build_release(weights, self.identity, self.workload, rnd, meta, onnx_module=self.onnx_module,
-                            model=self.model)
-        frame = codec.encode(rel)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"{self.workload}-v{rnd:06d}.release"
-        atomic_write(path, frame)
-        record: dict[str, Any] = {"version": rnd, "sha256": rel.sha256, "path": os.fspath(path),
-                                  "bytes": len(rel.artifact), "published": False}
-        if self.mqtt:
-            record["published"] = publish(frame, self.mqtt, self.site, self.identity.name)
-        self.released.append(record)
-        log.info("released %s v%d (%s, %d bytes)", self.workload, rnd, rel.sha256[:12], len(rel.artifact))
+def valid_release_name(name: str) -> bool:
+    return bool(_NAME.match(name))
 
 
-def publish(frame: bytes, mqtt: str, site: str, client_name: str, timeout_s: float = 10.0) -> bool:
-    """Publish one encoded ``ModelRelease`` (retained, QoS 1); False if the broker did not ack in time."""
-    from runtime.mqtt import MqttClient, parse_hostport
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Release the global model as ``name`` every ``every`` rounds (and after the last)."""
 
-    host, port = parse_hostport(mqtt)
-    client = MqttClient(f"{client_name}-release-{os.getpid()}", host, port)
-    client.start()
+    name: str
+    export: Callable[[Any], Any] | str
+    every: int = 1
+    input_shape: tuple[int, ...] | None = None  # shape of the first input for the check run
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not valid_release_name(self.name):
+            raise ReleaseError(f"invalid release name {self.name!r} (letters, digits, . _ -; at most 64)")
+        if self.every < 1:
+            raise ReleaseError("a release needs every >= 1")
+
+    def due(self, server_round: int, last_round: int) -> bool:
+        return server_round % self.every == 0 or server_round == last_round
+
+    def hook(self) -> Callable[[Any], Any]:
+        return resolve_export(self.export) if isinstance(self.export, str) else self.export
+
+
+def resolve_export(ref: str) -> Callable[[Any], Any]:
+    """``package.module:function`` -> the function; one-line ``ReleaseError`` when it is not there."""
+    mod_name, sep, attr = ref.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ReleaseError(f"export hook {ref!r} must look like 'package.module:function'")
     try:
-        if not client.wait_connected(timeout_s):
-            log.warning("release: MQTT broker %s not reachable", mqtt)
-            return False
-        return bool(client.publish(Topics(site).release(), frame, qos=1, retain=True).wait(timeout_s))
-    finally:
-        client.stop()
+        mod = importlib.import_module(mod_name)
+    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
+        raise ReleaseError(f"export hook {ref!r}: cannot import {mod_name} ({type(exc).__name__}: {exc})"
+                           ) from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise ReleaseError(f"export hook {ref!r}: {mod_name} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def export_onnx(hook: Callable[[Any], Any], arrays: Any) -> bytes:
+    """Call the hook; its ONNX as bytes (a ModelProto is serialised), or a one-line ``ReleaseError``."""
+    try:
+        out = hook(arrays)
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is one error line
+        raise ReleaseError(f"export hook failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                           ) from None
+    if isinstance(out, (bytes, bytearray, memoryview)):
+        return bytes(out)
+    serialize = getattr(out, "SerializeToString", None)
+    if callable(serialize):
+        return bytes(serialize())
+    raise ReleaseError(f"export hook returned {type(out).__name__}, not ONNX bytes or an onnx.ModelProto")
+
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+def check_onnx(blob: bytes, input_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Load the model in onnxruntime and run it once on zeros of its declared input shapes.
+
+    Returns the inputs' names and the shapes used; ``ReleaseError`` if it is not ONNX,
+    does not load or does not run.
+    """
+    import onnx
+
+    try:
+        model = onnx.load_from_string(blob)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are one error
+        raise ReleaseError(f"export hook output is not a valid ONNX model ({type(exc).__name__})") from None
+    try:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        raise ReleaseError(f"onnxruntime cannot load the exported model: {str(exc).splitlines()[0][:200]}"
+                           ) from None
+    feeds: dict[str, np.ndarray] = {}
+    for i, inp in enumerate(sess.get_inputs()):
+        dtype = _ORT_TYPES.get(inp.type)
+        if dtype is None:
+            raise ReleaseError(f"exported model input {inp.name!r} has unsupported type {inp.type}")
+        shape = tuple(input_shape) if (i == 0 and input_shape) else tuple(
+            d if isinstance(d, int) and d > 0 else 1 for d in inp.shape)
+        feeds[inp.name] = np.zeros(shape, dtype=dtype)
+    try:
+        outs = sess.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001
+        raise ReleaseError(f"the exported model does not run on its declared input shape "
+                           f"({str(exc).splitlines()[0][:200]})") from None
+    return {"inputs": {k: list(v.shape) for k, v in feeds.items()},
+            "outputs": [list(np.shape(o)) for o in outs]}
+
+
+def build_release(blob: bytes, identity: Identity, name: str, version: int,
+                  metadata: Mapping[str, str] | None = None) -> ModelRelease:
+    """Hash and sign ONNX bytes; the signed metadata is exactly ``ModelRelease.metadata``."""
+    if not valid_release_name(name):
+        raise ReleaseError(f"invalid release name {name!r}")
+    if version < 1:
+        raise ReleaseError("release versions start at 1")
+    meta = {"workload": name, "version": str(version), "format": "onnx",
+            **{str(k): str(v) for k, v in dict(metadata or {}).items()}}
+    sig = sign_artifact(identity, blob, meta)
+    return ModelRelease(name, version, sig.sha256, blob, sig.signature, identity.name, meta)
+
+
+def release_path(out_dir: Path, name: str, version: int) -> Path:
+    return out_dir / f"{name}-v{version:09d}.release"
+
+
+def write_release(out_dir: Path, rel: ModelRelease) -> Path:
+    """The encoded release, atomically, in the releases outbox (what the fog link publishes)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = release_path(out_dir, rel.workload, rel.version)
+    atomic_write(path, codec.encode(rel))
+    return path
+
+
+def read_release(path: Path) -> ModelRelease:
+    """A release file from the outbox (the coordinator wrote it; still decoded defensively)."""
+    try:
+        msg = codec.decode(path.read_bytes())
+    except (OSError, DecodeError) as exc:
+        raise ReleaseError(f"{path.name}: unreadable release ({exc})") from None
+    if not isinstance(msg, ModelRelease):
+        raise ReleaseError(f"{path.name}: not a release")
+    return msg
+
+
+def version_for(out_dir: Path, name: str, server_round: int) -> int:
+    """Versions only grow: the round, or one past the newest already in the outbox for ``name``."""
+    newest = 0
+    if out_dir.is_dir():
+        for p in out_dir.glob(f"{name}-v*.release"):
+            try:
+                newest = max(newest, int(p.stem.rsplit("-v", 1)[1]))
+            except (IndexError, ValueError):
+                continue
+    return server_round if server_round > newest else newest + 1
+
+
+def onnx_file(path: str | Path) -> bytes:
+    """Bytes of an ONNX file given by hand (``fogline release``), checked like an export."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as exc:
+        raise ReleaseError(f"cannot read {path}: {exc.strerror or exc}") from None
+    check_onnx(blob)
+    return blob

@@ -2,12 +2,14 @@
 
 Each replica directory holds pairs ``ckpt-00000007.bin`` (msgpack payload,
 numpy arrays as an ext type) and ``ckpt-00000007.json`` (manifest: round,
-size, sha256, config hash, optional Ed25519 signature). Both are written
-temp file -> fsync -> rename -> fsync(dir), payload first, so a manifest
-never names a payload that is not fully on disk; a crash leaves at worst a
-stray temp file. A checkpoint counts only if its payload hashes to the
-manifest's sha256 (and the signature holds when a key is configured), so a
-truncated or bit-flipped replica is skipped and another one is used.
+size, sha256, config hash, Ed25519 signature). Both are written temp file ->
+fsync -> rename -> fsync(dir), payload first, so a manifest never names a
+payload that is not fully on disk; a failed write (ENOSPC, EIO) removes its
+temp file, and a save that misses its quorum removes what it wrote, so no
+half-written checkpoint stays behind. A checkpoint counts only if its payload
+hashes to the manifest's sha256 and the signature holds under the trusted key,
+and a resume takes only a round whose identical payload verifies in a quorum
+of replicas: one truncated, bit-flipped or forged replica never wins.
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from runtime.errors import DecodeError, FoglineError, LocalViolation, SecurityError
+from runtime.errors import DecodeError, FoglineError, LocalViolation, RemoteViolation, SecurityError
 from runtime.security import ArtifactSignature, Identity, sign_artifact, verify_artifact
 
 from .policy import CheckpointPolicy, ReplicaEntry, choose_resume, to_prune
+from .settings import REPORT_FILE
 
 __all__ = ["Checkpoint", "SaveReport", "ScanReport", "CheckpointStore", "QuorumError",
            "pack", "unpack", "atomic_write", "REPORT_FILE"]
@@ -36,7 +39,6 @@ __all__ = ["Checkpoint", "SaveReport", "ScanReport", "CheckpointStore", "QuorumE
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-REPORT_FILE = "report.json"  # what the ServerApp writes when all rounds are done
 _EXT_NDARRAY = 7
 _EXT_BIGINT = 8
 _NAME = re.compile(r"^ckpt-(\d{8})\.json$")
@@ -107,11 +109,13 @@ class Checkpoint:
     rng_state: dict[str, Any] = field(default_factory=dict)
     history: tuple[dict[str, Any], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    names: tuple[str, ...] = ()  # the ArrayRecord's keys, in order (empty: a plain list of arrays)
 
     def to_payload(self) -> bytes:
         return pack({"format": FORMAT, "round": self.server_round, "weights": list(self.weights),
                      "config_hash": self.config_hash, "aggregator_state": self.aggregator_state,
-                     "rng_state": self.rng_state, "history": list(self.history), "extra": self.extra})
+                     "rng_state": self.rng_state, "history": list(self.history), "extra": self.extra,
+                     "names": list(self.names)})
 
     @classmethod
     def from_payload(cls, data: bytes) -> "Checkpoint":
@@ -119,9 +123,13 @@ class Checkpoint:
         try:
             if d["format"] != FORMAT:
                 raise DecodeError(f"checkpoint format {d['format']} not supported")
-            return cls(int(d["round"]), tuple(d["weights"]), str(d["config_hash"]),
+            names = tuple(str(n) for n in d.get("names") or ())
+            weights = tuple(d["weights"])
+            if names and len(names) != len(weights):
+                raise DecodeError("checkpoint names do not match its arrays")
+            return cls(int(d["round"]), weights, str(d["config_hash"]),
                        dict(d["aggregator_state"] or {}), dict(d["rng_state"] or {}),
-                       tuple(d["history"]), dict(d.get("extra") or {}))
+                       tuple(d["history"]), dict(d.get("extra") or {}), names)
         except (KeyError, TypeError, ValueError) as exc:
             raise DecodeError(f"malformed checkpoint: {exc}") from None
 
@@ -155,24 +163,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
+
+    On any failure (ENOSPC, EIO, ...) the temp file is removed before the error propagates.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
     if sync_dir:
         _fsync_dir(path.parent)
 
 
 class CheckpointStore:
-    """Checkpoints in several directories (replicas); a save needs ``quorum`` of them."""
+    """Checkpoints in several directories (replicas); a save needs ``quorum`` of them, and so does a resume.
+
+    With an ``identity`` every checkpoint is signed and, unless another ``trusted_key``
+    is given, only checkpoints signed by it are resumed from.
+    """
 
     def __init__(self, dirs: Sequence[str | Path], policy: CheckpointPolicy | None = None, *,
                  identity: Identity | None = None, trusted_key: bytes | None = None) -> None:
@@ -182,7 +204,7 @@ class CheckpointStore:
         if len(set(p.resolve() for p in self.dirs)) != len(self.dirs):
             raise LocalViolation("checkpoint replicas must be distinct directories")
         self.policy = policy or CheckpointPolicy()
-        self.quorum = min(self.policy.quorum, len(self.dirs))
+        self.quorum = self.policy.quorum_for(len(self.dirs))
         self.identity = identity
         self.trusted_key = trusted_key if trusted_key is not None else (
             identity.public_key_bytes if identity else None)
@@ -219,9 +241,13 @@ class CheckpointStore:
             except OSError as exc:
                 failed[i] = f"{type(exc).__name__}: {exc.strerror or exc}"
                 log.warning("checkpoint round %d: replica %s failed: %s", ckpt.server_round, d, failed[i])
+                self._remove(d, ckpt.server_round)  # a payload whose manifest failed
         if len(written) < self.quorum:
-            raise QuorumError(f"checkpoint of round {ckpt.server_round} reached {len(written)} of "
-                              f"{self.quorum} replicas: {failed}")
+            for i in written:  # not durable: leave no checkpoint a resume could half-trust
+                self._remove(self.dirs[i], ckpt.server_round)
+            detail = "; ".join(f"{self.dirs[i]}: {why}" for i, why in failed.items())
+            raise QuorumError(f"checkpoint of round {ckpt.server_round} reached {len(written)} of the "
+                              f"{self.quorum} replicas it needs ({detail})")
         for i in written:
             self._prune(self.dirs[i])
         return SaveReport(ckpt.server_round, tuple(written), failed, len(payload),
@@ -233,13 +259,16 @@ class CheckpointStore:
         except OSError:
             return []
 
+    def _remove(self, d: Path, server_round: int) -> None:
+        for name in reversed(self._names(server_round)):  # manifest first: never a manifest without payload
+            try:
+                (d / name).unlink()
+            except OSError:
+                pass
+
     def _prune(self, d: Path) -> None:
         for r in to_prune(self._rounds_in(d), self.policy.keep):
-            for name in reversed(self._names(r)):  # manifest first: never a manifest without payload
-                try:
-                    (d / name).unlink()
-                except FileNotFoundError:
-                    pass
+            self._remove(d, r)
         for stray in d.glob(".ckpt-*.tmp-*"):
             try:
                 stray.unlink()
@@ -272,10 +301,13 @@ class CheckpointStore:
             if "signature" not in m:
                 return bad("unsigned", chash)
             try:
-                verify_artifact(self.trusted_key, payload, ArtifactSignature.from_dict(m["signature"]))
-            except SecurityError:
+                sig = ArtifactSignature.from_dict(m["signature"])
+                if sig.metadata != {"round": server_round, "config_hash": chash}:
+                    return bad("signed for another round", chash)
+                verify_artifact(self.trusted_key, payload, sig)
+            except (SecurityError, RemoteViolation, TypeError):
                 return bad("bad signature", chash)
-        return ReplicaEntry(i, server_round, chash, True), payload
+        return ReplicaEntry(i, server_round, chash, True, sha256=sha), payload
 
     def scan(self) -> ScanReport:
         """Verify every checkpoint in every replica (reads and hashes each payload)."""
@@ -283,15 +315,15 @@ class CheckpointStore:
         return ScanReport(tuple(entries))
 
     def load_latest(self, config_hash: str | None = None) -> tuple[Checkpoint | None, ScanReport]:
-        """The newest checkpoint that verifies in some replica, and what was skipped on the way."""
+        """The newest checkpoint verified in a quorum of replicas, and what was skipped on the way."""
         report = self.scan()
         entries = list(report.entries)
-        while (best := choose_resume(entries, config_hash)) is not None:
+        while (best := choose_resume(entries, config_hash, self.quorum)) is not None:
             entry, payload = self._verify(best.replica, best.server_round)
-            if payload is not None:
+            if payload is not None and entry.sha256 == best.sha256:
                 try:
                     return Checkpoint.from_payload(payload), report
                 except DecodeError as exc:
                     log.warning("checkpoint %s in %s: %s", best.server_round, self.dirs[best.replica], exc)
-            entries = [e for e in entries if e != best]
+            entries = [e for e in entries if (e.server_round, e.sha256) != (best.server_round, best.sha256)]
         return None, report

@@ -1,59 +1,104 @@
-"""MQTT -> file bridge for fog brokers' fleet summaries (read by the ServerApp for selection).
+"""Fleet summaries from fog brokers: verified against the pinned fog key before anything is written.
 
-The ServerApp runs in a process Flower spawns, so the coordinator shell keeps
-the latest ``FleetSummary`` per fog broker as a file in the checkpoint
-directory; the ServerApp reads them at the start of every round.
+A fog broker publishes its ``FleetSummary`` retained on ``Topics(site).summary()``,
+sealed in an ``Envelope`` by the fog's Ed25519 identity. The coordinator
+accepts one only if the envelope verifies under the fog key it was issued
+with (``fog.json`` in its credentials), the sender is that fog, the summary
+names the same fog and site, and the fog id is a plain name. Accepted
+envelopes are stored as files named by the sha256 of the fog id (never by a
+peer-chosen string joined into a path); the ServerApp re-verifies them when
+it reads them. Retained messages have no freshness window: an older summary
+never replaces a newer one, and selection ignores stale ones by timestamp.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from runtime import codec
-from runtime.errors import DecodeError
+from runtime.errors import DecodeError, SecurityError
 from runtime.messages import Envelope, FleetSummary
-from runtime.topics import Topics
+from runtime.security import TrustStore, Verifier
 
 from .store import atomic_write
 
-__all__ = ["SummaryBridge", "accept"]
+__all__ = ["open_summary", "summary_path", "read_summaries", "store_summary", "valid_fog_id",
+           "WRONG_SENDER", "WRONG_FOG", "WRONG_SITE", "NOT_A_SUMMARY", "BAD_FOG_ID", "OLDER"]
 
 log = logging.getLogger(__name__)
 
+WRONG_SENDER = "sender is not the fog"
+WRONG_FOG = "summary names another fog"
+WRONG_SITE = "summary names another site"
+NOT_A_SUMMARY = "not a summary"
+BAD_FOG_ID = "invalid fog id"
+OLDER = "older than the stored summary"
+MAX_SUMMARY_BYTES = 4 * 1024 * 1024
+_FOG_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-def accept(payload: bytes) -> FleetSummary | None:
-    """A FleetSummary, bare or as the payload of an envelope; None for anything else."""
+
+def valid_fog_id(fog_id: str) -> bool:
+    return bool(_FOG_ID.match(fog_id))
+
+
+def open_summary(payload: bytes | memoryview, fog_id: str, fog_key: bytes, site: str,
+                 verifier: Verifier | None = None) -> tuple[Envelope, FleetSummary] | str:
+    """The verified envelope and summary, or the fixed reason it is refused (never raises)."""
+    if not valid_fog_id(fog_id):
+        return BAD_FOG_ID
+    v = verifier or Verifier(TrustStore({fog_id: fog_key}), max_size=MAX_SUMMARY_BYTES)
     try:
-        msg = codec.decode(payload)
-        if isinstance(msg, Envelope):
-            msg = codec.decode(msg.payload)
-    except DecodeError as exc:
-        log.debug("dropping undecodable summary: %s", exc)
-        return None
-    return msg if isinstance(msg, FleetSummary) else None
+        env = codec.decode_envelope(payload, max_size=MAX_SUMMARY_BYTES)
+        if env.sender != fog_id:
+            return WRONG_SENDER
+        msg = v.verify_only(env)  # retained: no freshness window (see the module doc)
+    except SecurityError as exc:
+        return exc.reason
+    except DecodeError:
+        return "malformed"
+    if not isinstance(msg, FleetSummary):
+        return NOT_A_SUMMARY
+    if msg.fog_id != fog_id:
+        return WRONG_FOG
+    if msg.site != site:
+        return WRONG_SITE
+    return env, msg
 
 
-class SummaryBridge:
-    def __init__(self, mqtt: str, site: str, out_dir: Path) -> None:
-        from runtime.mqtt import MqttClient, parse_hostport
+def summary_path(out_dir: Path, fog_id: str) -> Path:
+    """Where a fog's latest summary lives: named by a hash, so no fog id can choose the path."""
+    return out_dir / f"{hashlib.sha256(fog_id.encode()).hexdigest()[:32]}.summary"
 
-        host, port = parse_hostport(mqtt)
-        self.out_dir = out_dir
-        self.topic = Topics(site).summary()
-        self.client = MqttClient(f"coordinator-summaries-{site}", host, port)
-        self.dropped = 0
 
-    def _on(self, inbound: object) -> None:  # runs on the MQTT adapter's worker thread
-        summary = accept(getattr(inbound, "payload"))
-        if summary is None:
-            self.dropped += 1
-            return
-        atomic_write(self.out_dir / f"{summary.fog_id}.summary", codec.encode(summary), sync_dir=False)
+def store_summary(out_dir: Path, env: Envelope, summary: FleetSummary) -> str:
+    """Keep the verified envelope unless a newer one is stored; '' or the reason it was not kept."""
+    path = summary_path(out_dir, summary.fog_id)
+    try:
+        old = codec.decode(codec.decode_envelope(path.read_bytes()).payload)
+        if isinstance(old, FleetSummary) and old.timestamp > summary.timestamp:
+            return OLDER
+    except (OSError, DecodeError):
+        pass
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, codec.encode(env), sync_dir=False)
+    return ""
 
-    def start(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.client.subscribe(self.topic, self._on)
-        self.client.start()
 
-    def stop(self) -> None:
-        self.client.stop()
+def read_summaries(out_dir: Path, fog_keys: Mapping[str, bytes], sites: Mapping[str, str]) -> list[FleetSummary]:
+    """Every stored summary that still verifies under its fog's pinned key (the ServerApp's view)."""
+    out: list[FleetSummary] = []
+    for fog_id, key in sorted(fog_keys.items()):
+        path = summary_path(out_dir, fog_id)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        got = open_summary(data, fog_id, key, sites.get(fog_id, ""))
+        if isinstance(got, str):
+            log.warning("ignoring stored summary of %s: %s", fog_id, got)
+            continue
+        out.append(got[1])
+    return out

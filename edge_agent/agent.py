@@ -1,5 +1,13 @@
 """The agent shell: MQTT wiring, connect epochs, fog STATE, signed commands, adverts.
 
+Trust (docs/security.md): the fog's Ed25519 key is pinned before the agent
+starts, from ``fog.json`` (written by enrolment) or ``cfg.fog_key``; it is
+never learned from a message. ``fog/STATE`` and commands count only as
+envelopes sealed by that key; the command replay window is persisted in the
+data dir (a command replayed after a restart is refused), and so is the
+highest fog epoch seen (an old fog STATE cannot be replayed either). The
+Will and the orderly-stop DEATH are envelopes sealed by this device.
+
 Threads: paho's network thread (enqueues only), the MqttClient worker
 (decodes activations and hands them to the executor; forwards everything
 else), the agent loop (sole owner of the advertiser, the verifier, the
@@ -28,19 +36,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime import codec
-from runtime.errors import DecodeError, RemoteViolation
-from runtime.messages import (Activation, CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message,
-                              Rebirth, Taint, Undeploy)
-from runtime.mqtt import Inbound, MqttClient, Will
-from runtime.errors import SecurityError
-from runtime.security import Identity, SessionKeyPair, Signer, TrustStore, Verifier, verify_session_offer
+from runtime import codec, relay
+from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
+from runtime.messages import (CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message, Rebirth, Taint,
+                              TimeHint, Undeploy)
+from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will
+from runtime.relay import Sealer
+from runtime.security import (Identity, SessionKeyPair, Signer, TrustStore, Verifier, fingerprint,
+                              verify_session_offer)
 from runtime.topics import ACK, ACT, BIRTH, CMD, DEATH, STATE, Topics
 
 from .acks import watcher
 from .advertiser import AdvertPolicy, Advertiser, Snapshot, build_birth
 from .cache import ArtifactCache
 from .commands import LOAD_FAILED, check_deploy
+from .credentials import FOG_EPOCH_FILE, NOT_ENROLLED, REPLAY_FILE, FogInfo, load_fog_info
 from .executor import Executor, LoadError
 from .readings import Capabilities, Reading
 from .stats import LinkEstimator
@@ -51,10 +61,10 @@ log = logging.getLogger(__name__)
 
 KEY_FILE = "agent.key"
 EPOCH_FILE = "epoch"
-FOG_KEY_FILE = "fog.pub"
 STATUS_FILE = "status.json"
 MiB = 1024 * 1024
 _MAX_FOG_NAMES = 8
+_SKEW_APPLY_S = 2.0  # smaller differences are network delay and NTP noise: our clock stands
 
 
 class Probe(Protocol):
@@ -82,7 +92,8 @@ class AgentConfig:
     state_interval_s: float = 10.0
     probe_interval_s: float = 1.0
     keepalive: int = 5
-    fog_key: bytes | None = None
+    fog_key: bytes | None = None  # None: the one in data_dir/fog.json (enrolment); required either way
+    tls: TlsConfig | None = None  # None: plain MQTT (--insecure, loopback test brokers only)
     intra_op_threads: int = 0  # 0: onnxruntime decides
     workers: int = 1
     queue_size: int = 64
@@ -138,13 +149,27 @@ class Agent:
         self.link = LinkEstimator()
         self.counters: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
-        self.fog_key = cfg.fog_key if cfg.fog_key is not None else self._load_pinned_fog_key()
+        self.fog_info: FogInfo | None = load_fog_info(self.data_dir)
+        fog_key = cfg.fog_key if cfg.fog_key is not None else (self.fog_info.public_key if self.fog_info else None)
+        if fog_key is None or len(fog_key) != 32:
+            raise LocalViolation(NOT_ENROLLED.format(dir=self.data_dir))
+        self.fog_key: bytes = fog_key
         self.trust = TrustStore()
-        self.verifier = Verifier(self.trust, max_size=cfg.max_command_bytes)
+        if self.fog_info is not None and self.fog_info.public_key == fog_key:
+            self.trust.enroll(self.fog_info.fog_id, fog_key)  # known before any junk name can fill the store
+        self.verifier = Verifier(self.trust, max_size=cfg.max_command_bytes,
+                                 state_path=self.data_dir / REPLAY_FILE)
         self.cache = ArtifactCache(self.data_dir / "artifacts", cfg.cache_bytes)
-        self.executor = Executor(cfg.device_id, self.topics, self._publish_data,
+        self.executor = Executor(cfg.device_id, self.topics, self._publish_data, Sealer(self.identity),
                                  intra_op_threads=cfg.intra_op_threads, workers=cfg.workers,
                                  queue_size=cfg.queue_size, slowdown=cfg.slowdown)
+        # Replayed activation frames (same ticket and hop) are dropped; bounded memory.
+        self._seen_frames: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._frames_lock = threading.Lock()
+        # Fog clock minus ours, from sealed time hints: applied to every freshness check and seal
+        # once it passes _SKEW_APPLY_S (a Pi without an RTC boots in the past).
+        self.clock_skew = 0.0
+        self.measured_skew: float | None = None
         self.caps = probe.capabilities()
         if cfg.model_compute:
             self.executor.device_flops = self.caps.flops
@@ -155,7 +180,12 @@ class Agent:
         self.epoch = self._bump_epoch()
         self._next_epoch: int | None = None
         self._connections = 0
-        self.signer = Signer(self.identity, self.epoch)
+        # Each connection's DEATH is sealed when its Will is set (seq 1 of that epoch); the
+        # connection's signer continues from there, so no later message reuses the Will's seq.
+        self.signer, self._death = self._sealed_death(self.epoch)
+        self._next_signer: Signer | None = None
+        self._next_death = b""
+        self._fog_epoch_seen = self._load_fog_epoch()
         self._fog_session: bytes | None = None  # the fog run's X25519 key (signed offer, checked)
         self._state_key: bytes | None = None    # this connection's session MAC key, set by a birth
         self._session_pair: tuple[tuple[int, bytes], SessionKeyPair] | None = None
@@ -165,14 +195,15 @@ class Agent:
         self.states = 0
         self._last_status = ""
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.client = MqttClient(cfg.device_id, cfg.host, cfg.port, keepalive=cfg.keepalive,
-                                 will=self._will(self.epoch), max_payload=max(cfg.max_command_bytes + 1024,
-                                                                              16 * MiB))
+        self.client = MqttClient(cfg.device_id, cfg.host, cfg.port, keepalive=cfg.keepalive, tls=cfg.tls,
+                                 will=self._will(self._death), max_payload=max(cfg.max_command_bytes + 1024,
+                                                                               16 * MiB))
         t = self.topics
         self.client.subscribe(t.fog_state(), self._enqueue)
         self.client.subscribe(t.rebirth(), self._enqueue)
         self.client.subscribe(t.device(cfg.device_id, CMD), self._enqueue)
         self.client.subscribe(t.device(cfg.device_id, ACT), self._on_activation)
+        self.client.subscribe(t.time(), self._enqueue)
         self.client.on_connected.append(lambda: self._inbox.put(("connected", None)))
         self._thread = threading.Thread(target=self._loop, name=f"agent-{cfg.device_id}", daemon=True)
         self._stopped = threading.Event()
@@ -194,8 +225,7 @@ class Agent:
             self._thread.join(timeout=timeout)
         if not crash and self.client.connected:
             # an orderly disconnect suppresses the Will, so say DEATH ourselves (Sparkplug does)
-            handle = self.client.publish(self.topics.device(self.device_id, DEATH),
-                                         codec.encode(DeviceDeath(self.device_id, self.epoch)), qos=1)
+            handle = self.client.publish(self.topics.device(self.device_id, DEATH), self._death, qos=1)
             handle.wait(min(timeout, 1.0))
         self.client.stop(disconnect=not crash)
         self.executor.stop()
@@ -222,33 +252,47 @@ class Agent:
         _write_atomic(path, f"{epoch}\n")
         return epoch
 
-    def _load_pinned_fog_key(self) -> bytes | None:
+    def _load_fog_epoch(self) -> int | None:
         try:
-            key = bytes.fromhex((self.data_dir / FOG_KEY_FILE).read_text().strip())
+            return int((self.data_dir / FOG_EPOCH_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        return key if len(key) == 32 else None
 
-    def _will(self, epoch: int) -> Will:
-        return Will(self.topics.device(self.device_id, DEATH),
-                    codec.encode(DeviceDeath(self.device_id, epoch)), qos=1)
+    def _sealed_death(self, epoch: int) -> tuple[Signer, bytes]:
+        """The signer of connection ``epoch`` and its DEATH, sealed now (docs/security.md: old by design)."""
+        signer = Signer(self.identity, epoch)
+        return signer, signer.seal_bytes(DeviceDeath(self.device_id, epoch), time.time())
+
+    def _will(self, death: bytes) -> Will:
+        return Will(self.topics.device(self.device_id, DEATH), death, qos=1)
 
     # ------------------------------------------------------------ MQTT worker thread
 
     def _enqueue(self, m: Inbound) -> None:
         self._inbox.put(("msg", m))
 
+    def wall(self) -> float:
+        """Wall-clock seconds as the fog counts them (our clock plus the applied skew)."""
+        return time.time() + self.clock_skew
+
     def _on_activation(self, m: Inbound) -> None:
+        """A data-plane frame: fog-signed route, sealed by the previous hop (``runtime.relay``)."""
         try:
-            msg = codec.decode(m.payload)
-        except DecodeError as exc:
-            self._count("malformed activation")
-            log.warning("%s: malformed activation: %s", self.device_id, exc)
+            act = relay.open_relay(m.payload, self.fog_key, self.device_id, self.wall(),
+                                   max_size=self.cfg.max_command_bytes)
+        except RemoteViolation as exc:
+            self._count(f"rejected activation: {getattr(exc, 'reason', 'malformed')}")
+            log.warning("%s: activation refused: %s", self.device_id, exc)
             return
-        if not isinstance(msg, Activation):
-            self._count("unexpected message on ACT")
-            return
-        self.executor.submit(msg)
+        tag = act.ticket_sig + act.hop.to_bytes(4, "little")
+        with self._frames_lock:
+            if tag in self._seen_frames:
+                self._count("rejected activation: replayed")
+                return
+            self._seen_frames[tag] = None
+            if len(self._seen_frames) > 4096:
+                self._seen_frames.popitem(last=False)
+        self.executor.submit(act)
 
     def _count(self, what: str) -> None:
         with self._count_lock:
@@ -281,13 +325,14 @@ class Agent:
                 log.exception("%s: agent loop error on %s", self.device_id, kind)
 
     def _on_connected(self) -> None:
-        if self._connections and self._next_epoch is not None:
+        if self._connections and self._next_epoch is not None and self._next_signer is not None:
             self.epoch = self._next_epoch  # the Will installed after the previous connect
-            self.signer = Signer(self.identity, self.epoch)
+            self.signer, self._death = self._next_signer, self._next_death
         self._state_key = None  # bound to the old epoch; the next birth keys the new connection
         self._connections += 1
         self._next_epoch = self._bump_epoch()
-        self.client.set_will(self._will(self._next_epoch))
+        self._next_signer, self._next_death = self._sealed_death(self._next_epoch)
+        self.client.set_will(self._will(self._next_death))
         self.phase = Phase.WAIT_FOG
         log.info("%s: connected (epoch %d); waiting for the fog STATE", self.device_id, self.epoch)
 
@@ -295,42 +340,43 @@ class Agent:
         t = self.topics
         if m.topic == t.fog_state():
             self._on_fog_state(m, now)
+        elif m.topic == t.time():
+            self._on_time_hint(m, now)
         elif m.topic == t.rebirth() or m.topic == t.device(self.device_id, CMD):
             msg = self._open(m.payload)
             if msg is not None:
                 self._on_command(msg, now, m.topic == t.rebirth())
 
     def _on_fog_state(self, m: Inbound, now: float) -> None:
-        try:
-            fs = codec.decode(m.payload)
-        except DecodeError as exc:
-            self._count("malformed fog state")
-            log.warning("%s: malformed fog STATE: %s", self.device_id, exc)
+        """A sealed FogState: online for an epoch >= the last seen, offline only for the current one."""
+        fs = self._open_fog_state(m.payload)
+        if fs is None:
             return
-        if not isinstance(fs, FogState) or fs.site != self.cfg.site:
-            self._count("malformed fog state")
+        if fs.site != self.cfg.site:
+            self._count("fog state of another site")
             return
-        if self.fog_key is not None and fs.public_key and fs.public_key != self.fog_key:
-            self._count("fog key mismatch")
-            log.error("%s: fog %s presents a key that differs from the pinned one; ignoring it",
-                      self.device_id, fs.fog_id)
+        if fs.public_key and fs.public_key != self.fog_key:
+            self._count("fog key mismatch")  # sealed by the pinned key but naming another: a fog bug
+            log.error("%s: fog %s names a key that differs from the pinned one; ignoring it", self.device_id,
+                      fs.fog_id)
             return
+        seen = self._fog_epoch_seen
         if not fs.online:
+            if fs.epoch != seen:  # an old run's Will (or a replay of it) cannot park the device
+                self._count("stale fog state")
+                return
             if self.phase is Phase.ONLINE:
                 log.info("%s: fog %s went offline", self.device_id, fs.fog_id)
                 self.phase = Phase.WAIT_FOG
             return
-        if self.fog_key is None:
-            if len(fs.public_key) != 32:
-                self._count("fog state without key")
-                log.warning("%s: fog STATE carries no public key and none is pinned (--fog-key)",
-                            self.device_id)
-                return
-            self.fog_key = fs.public_key  # trust on first use, then pinned
-            _write_atomic(self.data_dir / FOG_KEY_FILE, fs.public_key.hex() + "\n")
-            log.info("%s: pinned fog key of %s", self.device_id, fs.fog_id)
-        if fs.fog_id not in self.trust:
-            self.trust.enroll(fs.fog_id, self.fog_key)
+        if seen is not None and fs.epoch < seen:
+            self._count("stale fog state")
+            log.warning("%s: fog STATE of epoch %d is older than epoch %d; ignoring it", self.device_id,
+                        fs.epoch, seen)
+            return
+        if seen != fs.epoch:
+            self._fog_epoch_seen = fs.epoch
+            _write_atomic(self.data_dir / FOG_EPOCH_FILE, f"{fs.epoch}\n")
         self.fog_id = fs.fog_id
         offer = None
         if self.cfg.state_mac and fs.session_key:
@@ -346,18 +392,75 @@ class Agent:
             self.fog_epoch = fs.epoch
             self._birth(now)
 
+    def _on_time_hint(self, m: Inbound, now: float) -> None:
+        """A sealed ``TimeHint``: forward-only in the fog's (epoch, seq), so an old one cannot be replayed."""
+        env = self._trust_sender(m.payload) if len(m.payload) <= 4096 else None
+        if env is None:
+            self._count("rejected time hint: unsigned")
+            return
+        try:
+            hint = self.verifier.verify_only(env)
+            if not isinstance(hint, TimeHint):
+                raise RemoteViolation("not a time hint")
+            self.verifier.admit_sequence(env)  # shares the commands' persisted replay window
+        except RemoteViolation as exc:
+            self._count(f"rejected time hint: {getattr(exc, 'reason', 'malformed')}")
+            return
+        self.measured_skew = hint.wall - time.time()
+        applied = self.measured_skew if abs(self.measured_skew) > _SKEW_APPLY_S else 0.0
+        if abs(applied - self.clock_skew) > _SKEW_APPLY_S:
+            log.warning("%s: our clock is %+.1f s off the fog's; correcting timestamps by it", self.device_id,
+                        -self.measured_skew)
+            self.clock_skew = applied
+            if self.phase is Phase.ONLINE:
+                self._birth(now)  # a birth sealed with the wrong clock may have been refused
+
+    def _trust_sender(self, payload: bytes) -> Envelope | None:
+        """The envelope in ``payload``, its sender bound to the pinned fog key (None: not an envelope).
+
+        The fog's key is pinned; its signing name is whatever its envelopes say, so names are
+        enrolled with that key on sight (bounded: junk names cannot grow the store).
+        """
+        try:
+            env = codec.decode_envelope(payload, max_size=self.cfg.max_command_bytes)  # nothing trusted yet
+        except DecodeError:
+            return None
+        if env.sender not in self.trust and len(self.trust) < _MAX_FOG_NAMES:
+            try:
+                self.trust.enroll(env.sender, self.fog_key)
+            except RemoteViolation:
+                return None
+        return env
+
+    def _open_fog_state(self, payload: bytes) -> FogState | None:
+        """Check a retained fog STATE: an envelope sealed by the pinned key (no freshness); count and drop others."""
+        if len(payload) > self.cfg.max_command_bytes:
+            self._count("rejected fog state: oversized")
+            return None
+        env = self._trust_sender(payload)
+        if env is None:
+            self._count("rejected fog state: unsigned")
+            log.warning("%s: ignoring a fog STATE that is not sealed by the fog", self.device_id)
+            return None
+        try:
+            msg = self.verifier.verify_only(env)
+        except RemoteViolation as exc:
+            self._count(f"rejected fog state: {getattr(exc, 'reason', 'malformed')}")
+            log.warning("%s: ignoring fog STATE: %s", self.device_id, exc)
+            return None
+        if not isinstance(msg, FogState):
+            self._count("rejected fog state: not a fog state")
+            return None
+        return msg
+
     def _open(self, payload: bytes) -> Message | None:
         """Verify a signed command envelope against the pinned fog key; count and drop failures."""
-        if self.fog_key is not None and len(payload) <= self.cfg.max_command_bytes:
-            try:  # the fog's key is pinned; its signing name is whatever its envelopes say
-                env = codec.decode(payload, max_size=self.cfg.max_command_bytes)
-                if (isinstance(env, Envelope) and env.sender not in self.trust
-                        and len(self.trust) < _MAX_FOG_NAMES):  # bounded: junk names cannot grow it
-                    self.trust.enroll(env.sender, self.fog_key)
-            except (DecodeError, RemoteViolation):
-                pass  # the verifier counts it as malformed
+        env = self._trust_sender(payload) if len(payload) <= self.cfg.max_command_bytes else None
         try:
-            _, msg = self.verifier.open(payload, time.time())
+            if env is not None:
+                msg = self.verifier.check(env, self.wall())  # decoded once (deploys carry artifacts)
+            else:
+                _, msg = self.verifier.open(payload, self.wall())  # counts oversized / malformed
         except RemoteViolation as exc:
             reason = getattr(exc, "reason", "malformed")
             self._count(f"rejected: {reason}")
@@ -470,9 +573,11 @@ class Agent:
             reason = self.advertiser.tick(snap, now)
             if reason is not None:
                 state = self.advertiser.state(snap, self.epoch, self.signer.seq + 1)
+                if self.measured_skew is not None:
+                    state = dataclasses.replace(state, clock_skew_s=round(self.measured_skew, 3))
                 if self._state_key is not None:  # session MAC (the birth that keyed it was signed)
                     self._publish(self.topics.device(self.device_id, STATE),
-                                  self.signer.seal_mac_bytes(state, time.time(), self._state_key))
+                                  self.signer.seal_mac_bytes(state, self.wall(), self._state_key))
                 else:
                     self._publish_signed(STATE, state)
                 self.states += 1
@@ -482,7 +587,7 @@ class Agent:
     # ------------------------------------------------------------ publishing
 
     def _publish_signed(self, leaf: str, msg: Message) -> None:
-        self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, time.time()))
+        self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, self.wall()))
 
     def _publish(self, topic: str, payload: bytes) -> None:
         sent = time.monotonic()
@@ -501,6 +606,7 @@ class Agent:
         return {
             "device_id": self.device_id, "site": self.cfg.site, "phase": self.phase.value,
             "epoch": self.epoch, "fog_id": self.fog_id, "fog_epoch": self.fog_epoch,
+            "fog_key": fingerprint(self.fog_key), "tls": self.cfg.tls is not None,
             "births": self.births, "states": self.states, "pid": os.getpid(),
             "counters": dict(sorted(self.counters.items())),
             "verifier": {"accepted": self.verifier.accepted, "rejected": dict(self.verifier.rejected)},
@@ -512,7 +618,8 @@ class Agent:
                             "p50_s": p.p50_s, "p99_s": p.p99_s} for p in ex.statuses()],
             "link": {"uplink_bps": self.link.uplink_bps, "rtt_s": self.link.rtt_s},
             "mqtt": {"received": mc.received, "dropped_oversized": mc.dropped_oversized,
-                     "dropped_overflow": mc.dropped_overflow, "connects": mc.connects},
+                     "dropped_overflow": mc.dropped_overflow, "connects": mc.connects,
+                     "last_error": self.client.last_error},
             "cache": {"bytes": self.cache.total_bytes, "hits": self.cache.hits, "evictions": self.cache.evictions},
         }
 

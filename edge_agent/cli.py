@@ -1,5 +1,10 @@
 """``fogline agent``: run one edge agent, a fleet of simulated ones, or print the device key.
 
+Before it runs, an agent needs the fog's key and TLS credentials: the first
+start with ``--token`` enrols the data dir (``edge_agent.enrol``); later
+starts read them from it. ``--insecure --fog-key HEX`` skips TLS for a
+loopback test broker only. Every refusal is one line and exit code 2.
+
 Heavy imports (paho, cryptography, numpy) happen inside the handlers so that
 ``fogline --help`` stays fast; ``python -m edge_agent`` skips the other
 packages' commands and starts an agent fastest (the fog broker and the demo
@@ -35,8 +40,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--probe-interval", type=float, default=1.0, metavar="S",
                    help="how often probes run to catch significant changes (1 s)")
     p.add_argument("--keepalive", type=int, default=5, metavar="S", help="MQTT keepalive (5 s)")
-    p.add_argument("--fog-key", metavar="HEX", help="pin the fog broker's Ed25519 public key "
-                   "(default: trust on first use from its STATE, then pinned)")
+    p.add_argument("--fog-key", metavar="HEX", help="the fog broker's Ed25519 public key, from its operator "
+                   "(default: the one enrolment stored in DIR/fog.json; never learned from the network)")
+    p.add_argument("--token", metavar="TOKEN", help="bootstrap token (fgl1.…) to enrol DIR on first start; "
+                   "on the fog: fogline token create --data-dir FOGDIR [--uses N]")
+    p.add_argument("--enroll", metavar="HOST:PORT",
+                   help="the fog's enrolment service (default: the broker host, broker port + 1)")
+    p.add_argument("--enroll-timeout", type=float, default=600.0, metavar="S",
+                   help="how long to wait for an operator's approval (600 s)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain MQTT without TLS (needs --fog-key; loopback brokers only: tests and demos)")
     p.add_argument("--simulate", metavar="PROFILE", help="simulate a device: " + ", ".join(_profile_names()))
     p.add_argument("--count", type=int, default=1, help="simulated agents in this process (needs --simulate)")
     p.add_argument("--id-prefix", default="sim-", help="id prefix with --count (ids PREFIX0, PREFIX1, ...)")
@@ -113,7 +126,29 @@ def _discover(site: str | None, timeout: float) -> tuple[str, int, str] | None:
     return svc.host, svc.port, svc.site
 
 
+class _Refused(Exception):
+    """A one-line reason the agent will not start (exit code 2)."""
+
+
 def _run(args: argparse.Namespace) -> int:
+    try:
+        cfgs, profile = _configs(args)
+    except _Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from runtime.errors import LocalViolation  # noqa: PLC0415
+
+    from .runner import run_agents  # noqa: PLC0415
+
+    try:
+        return run_agents(cfgs, profile=profile, speedup=args.sim_speedup, flops=args.flops)
+    except LocalViolation as exc:  # e.g. a key file readable by others, a corrupt replay state
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """AgentConfigs for this command line, enrolling data dirs first when a token is given."""
     from runtime.mqtt import parse_hostport  # noqa: PLC0415
 
     from .commands import parse_labels, parse_taints  # noqa: PLC0415
@@ -125,37 +160,20 @@ def _run(args: argparse.Namespace) -> int:
         if fog_key is not None and len(fog_key) != 32:
             raise ValueError("--fog-key must be 64 hex characters (an Ed25519 public key)")
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise _Refused(str(exc)) from None
     if args.count > 1 and not args.simulate:
-        print("error: --count needs --simulate PROFILE", file=sys.stderr)
-        return 2
+        raise _Refused("--count needs --simulate PROFILE")
+    if args.insecure and fog_key is None:
+        raise _Refused("--insecure needs --fog-key HEX (the fog's key from its operator)")
+    if args.insecure and args.token:
+        raise _Refused("--insecure and --token exclude each other: enrolment is for TLS")
     profile = None
     if args.simulate:
         from simulations.profiles import PROFILES  # noqa: PLC0415
 
         profile = PROFILES.get(args.simulate)
         if profile is None:
-            print(f"error: unknown profile {args.simulate!r}; known: {', '.join(sorted(PROFILES))}",
-                  file=sys.stderr)
-            return 2
-    site = args.site
-    if args.broker:
-        try:
-            host, port = parse_hostport(args.broker)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    else:
-        found = _discover(site, args.discovery_timeout)
-        if found is None:
-            print("error: no fog broker found with zeroconf; pass --broker HOST:PORT", file=sys.stderr)
-            return 2
-        host, port, found_site = found
-        site = site or found_site
-    site = site or "default"
-
-    from .agent import AgentConfig  # noqa: PLC0415
+            raise _Refused(f"unknown profile {args.simulate!r}; known: {', '.join(sorted(PROFILES))}")
 
     if args.count > 1:
         width = len(str(args.count - 1))
@@ -167,19 +185,102 @@ def _run(args: argparse.Namespace) -> int:
         dirs = [args.data_dir or _default_dir(ids[0])]
     bad = [i for i in ids if not i or len(i) > 128 or any(c in i for c in "/+#\x00")]
     if bad:
-        print(f"error: invalid device id {bad[0]!r}: 1-128 characters, no '/', '+', '#'", file=sys.stderr)
-        return 2
-    threads = args.threads if args.threads is not None else (1 if profile is not None else 0)
-    cfgs = [AgentConfig(device_id=i, data_dir=d, host=host, port=port, site=site, labels=dict(labels),
-                        taints=taints, state_interval_s=args.state_interval, probe_interval_s=args.probe_interval,
-                        keepalive=args.keepalive, fog_key=fog_key, intra_op_threads=threads,
-                        workers=args.workers, queue_size=args.queue_size, cache_bytes=args.cache_mb * 1024 * 1024,
-                        max_command_bytes=args.max_command_bytes, slowdown=args.sim_slowdown,
-                        model_compute=bool(args.sim_compute and profile is not None))
-            for i, d in zip(ids, dirs)]
-    from .runner import run_agents  # noqa: PLC0415
+        raise _Refused(f"invalid device id {bad[0]!r}: 1-128 characters, no '/', '+', '#'")
 
-    return run_agents(cfgs, profile=profile, speedup=args.sim_speedup, flops=args.flops)
+    from runtime.errors import LocalViolation  # noqa: PLC0415
+
+    from .credentials import NOT_ENROLLED, is_enrolled, load_fog_info, tls_config  # noqa: PLC0415
+
+    site = args.site
+    if args.broker:
+        try:
+            host, port = parse_hostport(args.broker)
+        except ValueError as exc:
+            raise _Refused(str(exc)) from None
+    else:
+        found = _discover(site, args.discovery_timeout)
+        stored = _stored_fog(dirs[0])
+        if found is not None:
+            host, port, found_site = found
+            site = site or found_site
+        elif stored is not None and stored.mqtt:  # the address the fog gave at enrolment
+            try:
+                host, port = parse_hostport(stored.mqtt)
+            except ValueError as exc:
+                raise _Refused(f"{dirs[0]}/fog.json: {exc}; pass --broker HOST:PORT") from None
+        else:
+            raise _Refused("no fog broker found with zeroconf; pass --broker HOST:PORT")
+
+    if args.insecure:
+        from runtime.net import require_loopback  # noqa: PLC0415
+
+        try:
+            require_loopback(host, "--insecure")
+        except LocalViolation as exc:
+            raise _Refused(f"{exc}; enrol with --token") from None
+    else:
+        todo = [(i, d) for i, d in zip(ids, dirs) if not is_enrolled(d)]
+        if todo:
+            if not args.token:
+                raise _Refused(NOT_ENROLLED.format(dir=todo[0][1]))
+            _enrol(args, todo, host, port)
+
+    cfgs = []
+    from .agent import AgentConfig  # noqa: PLC0415
+
+    threads = args.threads if args.threads is not None else (1 if profile is not None else 0)
+    for i, d in zip(ids, dirs):
+        tls = None
+        key = fog_key
+        cfg_site = site
+        if not args.insecure:
+            try:
+                info = load_fog_info(d)
+            except LocalViolation as exc:
+                raise _Refused(str(exc)) from None
+            if info is None:
+                raise _Refused(NOT_ENROLLED.format(dir=d))
+            if key is not None and key != info.public_key:
+                raise _Refused(f"--fog-key differs from the key the fog gave at enrolment ({d}/fog.json)")
+            key = info.public_key
+            cfg_site = site or info.site
+            tls = tls_config(d, info.fog_id)  # the broker certificate names the fog id, whatever IP we dial
+        cfgs.append(AgentConfig(
+            device_id=i, data_dir=d, host=host, port=port, site=cfg_site or "default", labels=dict(labels),
+            taints=taints, state_interval_s=args.state_interval, probe_interval_s=args.probe_interval,
+            keepalive=args.keepalive, fog_key=key, tls=tls, intra_op_threads=threads, workers=args.workers,
+            queue_size=args.queue_size, cache_bytes=args.cache_mb * 1024 * 1024,
+            max_command_bytes=args.max_command_bytes, slowdown=args.sim_slowdown,
+            model_compute=bool(args.sim_compute and profile is not None)))
+    return cfgs, profile
+
+
+def _stored_fog(data_dir: Path) -> Any:
+    from runtime.errors import LocalViolation  # noqa: PLC0415
+
+    from .credentials import load_fog_info  # noqa: PLC0415
+
+    try:
+        return load_fog_info(data_dir)
+    except LocalViolation:
+        return None  # reported when the agent's config is built
+
+
+def _enrol(args: argparse.Namespace, todo: list[tuple[str, Path]], host: str, port: int) -> None:
+    """Enrol each (id, dir) with the token: fetch and check the CA once, then request and wait."""
+    from runtime.mqtt import parse_hostport  # noqa: PLC0415
+
+    from .enrol import EnrolError, enrol_dirs  # noqa: PLC0415
+
+    try:
+        ehost, eport = parse_hostport(args.enroll) if args.enroll else (host, port + 1)
+        done = enrol_dirs(args.token, todo, ehost, eport, timeout_s=args.enroll_timeout,
+                          notify=lambda line: print(line, file=sys.stderr, flush=True))
+    except (EnrolError, ValueError) as exc:
+        raise _Refused(str(exc)) from None
+    for r in done:
+        if r.fog is not None:
+            print(f"{r.device_id}: enrolled with fog {r.fog.fog_id} (site {r.fog.site})", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """Partition executor: one onnxruntime session per partition, a bounded queue, worker threads.
 
-Activations come in already decoded; each is run by the partition its hop
-names, then forwarded to the next hop or, after the last, answered to
-``reply_to``. Nothing is dropped silently: a full queue, a missing
+Activations come in already checked (``runtime.relay``: fog-signed route,
+signed by the previous hop); each is run by the partition its hop names, then
+forwarded to the next hop as a frame sealed by this device or, after the last,
+answered to ``reply_to`` sealed by this device. Nothing is dropped silently: a full queue, a missing
 partition, a past deadline or a failed run becomes
 ``InferenceResult(ok=False, error=...)`` to ``reply_to``. onnxruntime is
 imported on the first load, so an idle agent never pays for it.
@@ -18,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime import codec
 from runtime.errors import RemoteViolation
 from runtime.messages import Activation, InferenceResult, PartitionStatus
+from runtime.relay import Sealer
 from runtime.topics import ACT, Topics, parse
 
 from .probes.providers import best as best_providers
@@ -63,12 +64,13 @@ def _ort() -> Any:
 
 
 class Executor:
-    def __init__(self, device_id: str, topics: Topics, publish: Publish, *, intra_op_threads: int = 0,
-                 workers: int = 1, queue_size: int = 64, slowdown: float = 1.0,
+    def __init__(self, device_id: str, topics: Topics, publish: Publish, sealer: Sealer, *,
+                 intra_op_threads: int = 0, workers: int = 1, queue_size: int = 64, slowdown: float = 1.0,
                  device_flops: float | None = None) -> None:
         self.device_id = device_id
         self.topics = topics
         self._publish = publish
+        self._sealer = sealer
         self.intra_op_threads = intra_op_threads
         self.workers = max(1, workers)
         self.slowdown = slowdown
@@ -208,13 +210,13 @@ class Executor:
             # tensors this partition did not consume travel on (a skip connection past this hop)
             passthrough = {k: v for k, v in act.tensors.items() if k not in part.inputs and k not in outputs}
             fwd = Activation(act.request_id, act.workload, act.route, nxt, act.reply_to,
-                             {**passthrough, **outputs}, act.deadline)
+                             {**passthrough, **outputs}, act.deadline, act.ticket, act.ticket_sig, act.keys)
             next_device = act.route[nxt].device_id
             self.forwarded += 1
             if next_device == self.device_id:
                 self.submit(fwd)  # next partition is here too: skip the broker round trip
             else:
-                self._publish(self.topics.device(next_device, ACT), codec.encode(fwd))
+                self._publish(self.topics.device(next_device, ACT), self._sealer.relay(fwd))
             return
         self.answered += 1
         self._reply(act, InferenceResult(act.request_id, True, outputs, "", self.device_id, hop.replica, elapsed))
@@ -232,7 +234,7 @@ class Executor:
             log.warning("%s: request %s has an unusable reply_to %r", self.device_id, act.request_id,
                         act.reply_to[:80])
             return
-        self._publish(act.reply_to, codec.encode(result))
+        self._publish(act.reply_to, self._sealer.result(result, time.time()))
 
 
 def valid_reply_topic(topic: str, topics: Topics) -> bool:

@@ -1,98 +1,79 @@
-"""Flower ClientApp: local training of the global model on this device's data partition.
+"""Flower ClientApp helpers for devices: who this node is, and simulated Byzantine faults.
 
-The SuperNode's node config says who this device is and which data it holds
-(``device-id``, ``partition-id``, ``num-partitions``), plus an optional
-``byzantine`` attack mode for simulations (sign-flip, gaussian, label-flip;
-the attacks themselves live in ``cloud_coordinator.attacks``). The round
-config carries the seed, so a repeated round trains exactly the same way.
+Devices run a Flower SuperNode next to the agent; the ClientApp itself comes
+with the Flower App (``examples/digits``, ``examples/pytorch`` or the user's
+own). ``simulated_faults`` is a Flower mod (``ClientApp(mods=[simulated_faults])``)
+that does nothing unless the SuperNode's node config names an attack, e.g.
+``flower-supernode ... --node-config "byzantine='sign-flip'"``; simulations and
+tests use it to put a Byzantine client among honest ones without changing
+the app. The update attacks themselves live in ``cloud_coordinator.attacks``.
 """
 from __future__ import annotations
 
 import logging
+from typing import Callable
+
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from cloud_coordinator.rounds import RunConfig, client_seed
-
-__all__ = ["app", "device_identity", "apply_attack", "ATTACKS"]
+__all__ = ["ATTACKS", "apply_attack", "simulated_faults", "device_identity"]
 
 log = logging.getLogger("fogline.edge.flower")
-ATTACKS = ("sign-flip", "gaussian", "label-flip")
-
-app = ClientApp()
+# update attacks (cloud_coordinator.attacks), then malformed replies a robust server must survive
+ATTACKS = ("sign-flip", "gaussian", "nan", "inf-examples", "wrong-shape")
 
 
 def device_identity(context: Context) -> tuple[str, int]:
-    """(device id, partition id) from the node config; the node id stands in for a missing device id."""
+    """(device id, partition id) as the node config says: for logs only, never trusted by the server."""
     nc = context.node_config
-    device = str(nc.get("device-id", "")) or f"node-{context.node_id}"
-    return device, int(nc.get("partition-id", 0))
+    return str(nc.get("device-id", "")) or f"node-{context.node_id}", int(nc.get("partition-id", 0))
 
 
-def apply_attack(mode: str, global_w: tuple[np.ndarray, ...], honest_w: tuple[np.ndarray, ...],
-                 seed: int) -> tuple[np.ndarray, ...]:
-    """Turn this client's honest result into a Byzantine one.
-
-    A real device sees only its own update, so the attack is given that one
-    row as "the honest updates" (the simulator's omniscient variant lives in
-    ``cloud_coordinator.attacks`` callers).
-    """
+def apply_attack(mode: str, global_w: list[np.ndarray], honest_w: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Turn this client's honest arrays into a Byzantine update (it sees only its own update)."""
     from cloud_coordinator import attacks
 
-    flat = np.concatenate([(h - g).ravel() for g, h in zip(global_w, honest_w, strict=True)])[None, :]
+    flat = np.concatenate([(np.asarray(h, np.float64) - g).ravel() for g, h in zip(global_w, honest_w, strict=True)])
     if mode == "sign-flip":
-        bad = attacks.sign_flip(flat, 1)[0]
+        bad = attacks.sign_flip(flat[None, :], 1)[0]
     elif mode == "gaussian":
-        bad = attacks.gaussian(flat, 1, rng=np.random.default_rng(seed))[0]
+        bad = attacks.gaussian(flat[None, :], 1, rng=np.random.default_rng(seed))[0]
+    elif mode == "nan":
+        bad = np.full_like(flat, np.nan)
     else:
         raise ValueError(f"unknown update attack {mode!r}; known: {', '.join(ATTACKS)}")
     out, i = [], 0
     for g in global_w:
         out.append((g + bad[i:i + g.size].reshape(g.shape)).astype(g.dtype))
         i += g.size
-    return tuple(out)
+    return out
 
 
-def _flip_labels(y: np.ndarray) -> np.ndarray:
-    from cloud_coordinator import attacks
-
-    return attacks.flip_labels(y, 10)
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train from the sent weights; reply weights, example count and who we are."""
-    from cloud_coordinator.training import client_data, local_train
-
-    conf = dict(msg.content["config"])
-    cfg = RunConfig.from_mapping(conf)
-    device, partition = device_identity(context)
-    nparts = int(context.node_config.get("num-partitions", cfg.num_partitions))
-    if nparts != cfg.num_partitions:
-        cfg = RunConfig.from_mapping({**conf, "num-partitions": nparts})
-    rnd = int(conf["server-round"])
-    seed = int(conf.get("client-seed", client_seed(cfg.seed, rnd, device)))
-    module = str(conf.get("model-module", "models.train"))
-    x, y = client_data(cfg, partition, module)
-    attack = str(context.node_config.get("byzantine", ""))
-    if attack == "label-flip":
-        y = _flip_labels(y)
-    global_w = tuple(np.asarray(a) for a in msg.content["arrays"].to_numpy_ndarrays())
-    new_w, metrics = local_train(cfg, global_w, x, y, seed, module)
-    if attack in ("sign-flip", "gaussian"):
-        new_w = apply_attack(attack, global_w, new_w, seed)
-    content = RecordDict({
-        "arrays": ArrayRecord([np.asarray(w) for w in new_w]),
-        "metrics": MetricRecord({"num-examples": int(len(y)), **metrics}),
-        "info": ConfigRecord({"device-id": device, "partition-id": partition, "attack": attack}),
-    })
+def simulated_faults(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower mod: with node config ``byzantine=MODE``, falsify this node's training replies."""
+    reply = call_next(msg, context)
+    mode = str(context.node_config.get("byzantine", ""))
+    if not mode or msg.metadata.message_type != "train" or reply.has_error():
+        return reply
+    if mode not in ATTACKS:
+        log.warning("unknown byzantine mode %r; replying honestly", mode)
+        return reply
+    sent = msg.content.array_records
+    got = reply.content.array_records
+    if len(sent) != 1 or len(got) != 1:
+        return reply
+    key = next(iter(got))
+    names = list(got[key].keys())
+    global_w = [a.numpy() for a in next(iter(sent.values())).values()]
+    honest = [got[key][n].numpy() for n in names]
+    metrics = {k: v for rec in reply.content.metric_records.values() for k, v in rec.items()}
+    if mode == "inf-examples":
+        metrics["num-examples"] = float("inf")
+        arrays = honest
+    elif mode == "wrong-shape":
+        arrays = [np.zeros((a.size + 1,), a.dtype) for a in honest]
+    else:
+        arrays = apply_attack(mode, global_w, honest, int(msg.content["config"].get("server-round", 0)))
+    content = RecordDict({key: ArrayRecord({n: Array(np.asarray(a).copy(order="C")) for n, a in zip(names, arrays)}),
+                          "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=msg)
-
-
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """Who is this node (used to map Flower node ids to device ids)."""
-    device, partition = device_identity(context)
-    return Message(RecordDict({"info": ConfigRecord({"device-id": device, "partition-id": partition})}),
-                   reply_to=msg)

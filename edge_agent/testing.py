@@ -1,18 +1,21 @@
 """Helpers for tests, benchmarks and demos: a fog signer and a tiny two-partition ONNX chain.
 
-``FogSigner`` plays the fog broker's side of the control protocol (FogState,
-signed Deploy / Undeploy / Rebirth) with ``runtime.security`` directly, so the
-agent can be exercised without the real fog broker.
+``FogSigner`` plays the fog broker's side of the control protocol (sealed
+FogState, signed Deploy / Undeploy / Rebirth) with ``runtime.security``
+directly, so the agent can be exercised without the real fog broker. Agents
+pin its key explicitly (``agent_args()``: ``--fog-key HEX --insecure``, or
+``AgentConfig(fog_key=signer.public_key)``), as they would after enrolment.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from runtime import codec
-from runtime.messages import Activation, Deploy, FogState, Hop, Message, Rebirth, Undeploy
+from runtime import codec, relay
+from runtime.messages import Activation, Deploy, FogState, Hop, Message, Rebirth, RouteTicket, Undeploy
 from runtime.security import Identity, Signer, sign_artifact
 
 __all__ = ["FogSigner", "tiny_chain", "TinyChain"]
@@ -33,9 +36,27 @@ class FogSigner:
     def public_key(self) -> bytes:
         return self.identity.public_key_bytes
 
+    def agent_args(self) -> list[str]:
+        """Command-line flags of an agent that pins this fog's key on a plain loopback broker."""
+        return ["--fog-key", self.public_key.hex(), "--insecure"]
+
     def fog_state(self, online: bool = True, epoch: int | None = None) -> bytes:
-        return codec.encode(FogState(self.fog_id, self.site, online, self.epoch if epoch is None else epoch,
-                                     self.public_key, time.time()))
+        """The retained ``fog/STATE``: an envelope sealed by the fog for that fog epoch (docs/security.md)."""
+        epoch = self.epoch if epoch is None else epoch
+        now = time.time()
+        state = FogState(self.fog_id, self.site, online, epoch, self.public_key, now)
+        return Signer(self.identity, epoch).seal_bytes(state, now)
+
+    def ticketed(self, act: Activation, keys: Mapping[str, bytes]) -> Activation:
+        """``act`` with the route ticket this fog signs for it (``keys``: each hop's device key)."""
+        ticket = RouteTicket(self.fog_id, act.request_id, act.workload, act.route,
+                             tuple(keys.get(h.device_id, bytes(32)) for h in act.route), act.reply_to, act.deadline)
+        raw, sig = relay.issue_ticket(self.identity, ticket)
+        return dataclasses.replace(act, ticket=raw, ticket_sig=sig, keys=ticket.keys)
+
+    def frame(self, act: Activation, keys: Mapping[str, bytes]) -> bytes:
+        """The wire frame of hop 0, as the fog sends it to the first device."""
+        return relay.seal(self.identity, self.ticketed(act, keys))
 
     def seal(self, msg: Message, now: float | None = None) -> bytes:
         return self.signer.seal_bytes(msg, time.time() if now is None else now)
@@ -71,10 +92,12 @@ class TinyChain:
         return h @ w["w2"] + w["b2"]  # type: ignore[no-any-return]
 
     def activation(self, request_id: str, x: np.ndarray, route: list[tuple[str, int]], reply_to: str,
-                   *, workload: str = "wl", version: int = 1, replica: int = 0,
-                   deadline: float = 0.0) -> Activation:
+                   *, workload: str = "wl", version: int = 1, replica: int = 0, deadline: float = 0.0,
+                   fog: "FogSigner | None" = None, keys: Mapping[str, bytes] | None = None) -> Activation:
+        """Hop 0 of a request; with ``fog``, carrying its signed route ticket (``keys``: device -> key)."""
         hops = tuple(Hop(dev, workload, version, replica, idx) for dev, idx in route)
-        return Activation(request_id, workload, hops, 0, reply_to, {"x": x}, deadline)
+        act = Activation(request_id, workload, hops, 0, reply_to, {"x": x}, deadline)
+        return fog.ticketed(act, keys or {}) if fog is not None else act
 
 
 def tiny_chain(seed: int = 0, n_in: int = 8, n_hidden: int = 16, n_out: int = 4) -> TinyChain:

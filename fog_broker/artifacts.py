@@ -1,8 +1,11 @@
 """Partition artifacts for deploys: model resolution, chain profile, split, sign; cached.
 
 A workload's ``model`` is ``zoo:NAME`` (built locally by ``models.zoo``) or
-``file:SHA256`` (an ONNX file the operator uploaded with ``fogline deploy``,
-kept under ``DATA_DIR/models/``), or a local path (trusted local use only).
+``file:SHA256`` (an ONNX file an operator uploaded with ``fogline deploy``, or a
+coordinator's release, kept under ``DATA_DIR/models/``). Never a path on the fog
+host: a remote request must not be able to read, or probe for, local files.
+Uploads are checked (hash, size quota, ONNX structure) before they are stored,
+and blobs no workload or release refers to any more are deleted (``collect``).
 Splits are cached per (model, first, last): a re-placement of a lost partition
 reuses the bytes of the first deploy, so only the signature is new.
 """
@@ -41,7 +44,8 @@ class ArtifactBuilder:
     """Owns loaded models, their chain profiles and the split cache (thread-safe)."""
 
     def __init__(self, identity: Identity, models_dir: str | Path, *, max_segments: int = MAX_SEGMENTS,
-                 max_cached: int = 256) -> None:
+                 max_cached: int = 256, quota_bytes: int = 2 << 30) -> None:
+        self.quota_bytes = quota_bytes
         self.identity = identity
         self.models_dir = Path(models_dir)
         self.models_dir.mkdir(parents=True, exist_ok=True)
@@ -56,15 +60,52 @@ class ArtifactBuilder:
 
     # ------------------------------------------------------------ models
 
-    def store_blob(self, data: bytes) -> str:
-        """Keep an uploaded ONNX file; returns its model reference ``file:SHA``."""
+    def store_blob(self, data: bytes, *, expect_sha: str | None = None) -> str:
+        """Check and keep an ONNX file; returns its model reference ``file:SHA``.
+
+        Refused (``RemoteViolation``, nothing written): a hash other than ``expect_sha``, a
+        store over its quota, bytes that are not a structurally valid ONNX model.
+        """
         sha = sha256_hex(data)
+        if expect_sha is not None and sha != expect_sha:
+            raise RemoteViolation(f"uploaded model does not hash to {str(expect_sha)[:12]}")
         path = self.models_dir / f"{sha}.onnx"
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
+        if path.exists():
+            return f"file:{sha}"
+        if self.stored_bytes() + len(data) > self.quota_bytes:
+            raise RemoteViolation(f"model store full: {len(data)} more bytes would pass the "
+                                  f"{self.quota_bytes >> 20} MiB quota; undeploy workloads to free space")
+        _check_onnx(data)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
             tmp.write_bytes(data)
             tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return f"file:{sha}"
+
+    def has_blob(self, ref: str) -> bool:
+        return ref.startswith("file:") and bool(_SHA.match(ref[5:])) and (self.models_dir / f"{ref[5:]}.onnx").exists()
+
+    def stored_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.models_dir.glob("*.onnx"))
+
+    def collect(self, keep: set[str]) -> int:
+        """Delete stored blobs whose ``file:SHA`` is not in ``keep``; returns how many went."""
+        gone = 0
+        for p in self.models_dir.glob("*.onnx"):
+            ref = f"file:{p.stem}"
+            if ref not in keep:
+                p.unlink(missing_ok=True)
+                with self._lock:
+                    self._models.pop(ref, None)
+                    self._profiles.pop(ref, None)
+                    for k in [k for k in self._splits if k[0] == ref]:
+                        del self._splits[k]
+                gone += 1
+        for p in self.models_dir.glob("*.tmp"):  # left by a crash mid-write
+            p.unlink(missing_ok=True)
+        return gone
 
     def _load(self, ref: str) -> Any:
         import onnx  # heavy: only when a model is needed
@@ -86,10 +127,7 @@ class ArtifactBuilder:
                 raise RemoteViolation(f"model {sha[:12]} was never uploaded to this fog broker")
             model = onnx.load_model_from_string(path.read_bytes())
         else:
-            path = Path(ref)
-            if not path.is_file():
-                raise RemoteViolation(f"model {ref[:120]!r} is neither zoo:NAME nor an uploaded file")
-            model = onnx.load(str(path))
+            raise RemoteViolation(f"model {ref[:80]!r} is neither zoo:NAME nor an uploaded file:SHA256")
         model = _pin_symbolic_dims(model)
         self._models[ref] = model
         return model
@@ -135,6 +173,18 @@ class ArtifactBuilder:
              index: int) -> ArtifactSignature:
         meta = {"workload": workload, "version": str(version), "replica": str(replica), "index": str(index)}
         return sign_artifact(self.identity, built.onnx_bytes, meta)
+
+
+def _check_onnx(data: bytes) -> None:
+    """Structural check of an uploaded model (parse + onnx.checker), before it is stored."""
+    import onnx  # noqa: PLC0415 - heavy: only when a model arrives
+
+    try:
+        model = onnx.load_model_from_string(data)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 - protobuf and checker raise many kinds; all mean "not ONNX"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RemoteViolation(f"uploaded file is not a valid ONNX model: {first[:160]}") from None
 
 
 def _pin_symbolic_dims(model: Any) -> Any:

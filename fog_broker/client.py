@@ -1,17 +1,17 @@
-"""Python client of a fog broker: ``FogClient(host, port).infer(...)``, ``.deploy(...)``, ``.status()``.
+"""Python client of a fog broker: ``FogClient(credentials=DIR).infer(...)``, ``.deploy(...)``, ``.status()``.
 
-It speaks the protocol of docs/protocol.md over MQTT: control requests on
-``fog/CTL`` (signed with the operator key for changes), inference requests on
-``fog/INFER``, answers on its own ``reply/{client}`` topic. The site is found
-from the retained fog ``STATE`` unless given.
+It speaks the protocol of docs/protocol.md and docs/security.md over MQTT with
+an identity the site issued (``fogline operators add``; the first operator's is
+``FOGDIR/credentials/admin``): TLS with its certificate, every request an
+envelope sealed with its signing key, answers on its own ``reply/{name}``
+topic accepted only when sealed by the fog key pinned in its ``fog.json``.
+One connection per identity: the broker binds the client id to the
+certificate, so a second client with the same credentials takes the session over.
 """
 from __future__ import annotations
 
 import base64
-import getpass
 import json
-import os
-import socket
 import threading
 import time
 import uuid
@@ -21,15 +21,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from runtime import codec
-from runtime.errors import DecodeError, FoglineError, LocalViolation
+from runtime.credentials import Credentials, load_credentials
+from runtime.errors import DecodeError, FoglineError, LocalViolation, SecurityError
 from runtime.messages import ControlReply, ControlRequest, FogState, InferenceRequest, InferenceResult
-from runtime.mqtt import Inbound, MqttClient
-from runtime.security import Identity, Signer, sha256_hex
-from runtime.topics import ROOT, Topics
+from runtime.mqtt import Inbound, MqttClient, parse_hostport
+from runtime.net import require_loopback
+from runtime.security import Signer, TrustStore, Verifier, sha256_hex
+from runtime.topics import Topics
 
 from .artifacts import MODEL_SCHEMES
 
-__all__ = ["FogClient", "InferenceError", "ControlError", "operator_identity", "load_workloads_file"]
+__all__ = ["FogClient", "InferenceError", "ControlError", "load_workloads_file"]
 
 
 class InferenceError(FoglineError):
@@ -38,14 +40,6 @@ class InferenceError(FoglineError):
 
 class ControlError(FoglineError):
     pass
-
-
-def operator_identity(path: str | Path | None = None) -> Identity:
-    """The operator key: ``path``, else $FOGLINE_OPERATOR_KEY, else ~/.fogline/operator.key (created)."""
-    p = Path(path or os.environ.get("FOGLINE_OPERATOR_KEY") or Path.home() / ".fogline" / "operator.key")
-    user = "".join(c for c in getpass.getuser() if c.isalnum() or c in "-_.") or "user"
-    host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-_.") or "host"
-    return Identity.load_or_create(f"op-{user}@{host}"[:120], p)
 
 
 def load_workloads_file(path: str | Path) -> dict[str, Any]:
@@ -86,40 +80,44 @@ def prepare_deploy(doc: Mapping[str, Any], base_dir: str | Path = ".") -> dict[s
 
 
 class FogClient:
-    """A connection to one site's MQTT broker, addressing its fog broker."""
+    """A connection to one site's MQTT broker, addressing its fog broker with one issued identity."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 1883, *, site: str | None = None,
-                 key: str | Path | None = None, connect_timeout: float = 5.0) -> None:
-        self.client_id = f"cli-{uuid.uuid4().hex[:12]}"
-        self._mqtt = MqttClient(self.client_id, host, port, keepalive=10)
+    def __init__(self, host: str | None = None, port: int | None = None, *,
+                 credentials: Credentials | str | Path | None = None, insecure: bool = False,
+                 connect_timeout: float = 5.0) -> None:
+        self.creds = credentials if isinstance(credentials, Credentials) else load_credentials(credentials)
+        fog = self.creds.fog
+        if host is None or port is None:
+            if not fog.mqtt:
+                raise LocalViolation(f"{self.creds.dir}/fog.json names no MQTT address; pass --broker HOST:PORT")
+            h, p = parse_hostport(fog.mqtt)
+            host, port = host or h, port or p
+        tls = None
+        if insecure:
+            require_loopback(host, "--insecure")
+        else:
+            tls = self.creds.tls_for(fog.fog_id)  # the broker certificate names the fog id, whatever IP we dial
+        self.client_id = self.creds.name
+        self.site = fog.site
+        self.topics = Topics(fog.site)
+        self.reply_topic = self.topics.reply(self.client_id)
+        # A fresh epoch per client: the fog's replay window never sees an old (epoch, seq).
+        self._signer = Signer(self.creds.signing, time.time_ns() // 1_000_000)
+        self._sign_lock = threading.Lock()
+        self._fog = Verifier(TrustStore({fog.fog_id: fog.public_key}))
+        self.rejected = 0  # answers not sealed by the pinned fog key (dropped)
         self._waiters: dict[str, tuple[threading.Event, list[Any]]] = {}
         self._lock = threading.Lock()
-        self._key_path = key
-        self._identity: Identity | None = None
-        self._signer: Signer | None = None
-        self._states: dict[str, FogState] = {}
-        self._state_event = threading.Event()
-        self._mqtt.subscribe(f"{ROOT}/+/fog/STATE", self._on_state)
-        self._mqtt.subscribe(f"{ROOT}/+/reply/{self.client_id}", self._on_reply)
+        self._state: FogState | None = None
+        self._mqtt = MqttClient(self.client_id, host, port, keepalive=10, tls=tls)
+        self._mqtt.subscribe(self.topics.fog_state(), self._on_state)
+        self._mqtt.subscribe(self.reply_topic, self._on_reply)
         self._mqtt.start()
-        if not self._mqtt.wait_connected(connect_timeout):
+        try:
+            self._mqtt.wait_connected(connect_timeout, strict=True)
+        except LocalViolation:
             self._mqtt.stop()
-            raise LocalViolation(f"cannot connect to MQTT broker at {host}:{port}")
-        if site is None:
-            deadline = time.monotonic() + connect_timeout
-            while time.monotonic() < deadline:
-                online = [s for s in self._states.values() if s.online]
-                if online:
-                    site = online[0].site
-                    break
-                self._state_event.wait(0.05)
-                self._state_event.clear()
-            if site is None:
-                self._mqtt.stop()
-                raise LocalViolation(f"no online fog broker announced at {host}:{port} (pass site=)")
-        self.site = site
-        self.topics = Topics(site)
-        self.reply_topic = self.topics.reply(self.client_id)
+            raise
 
     def close(self) -> None:
         self._mqtt.stop()
@@ -130,77 +128,78 @@ class FogClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def fog_online(self) -> bool:
+        return self._state is not None and self._state.online
+
     # ------------------------------------------------------------ handlers (MQTT worker thread)
 
-    def _on_state(self, m: Inbound) -> None:
+    def _open(self, payload: bytes) -> Any:
+        """A message sealed by the pinned fog key, or None (counted)."""
         try:
-            msg = codec.decode(m.payload)
-        except DecodeError:
-            return
-        if isinstance(msg, FogState):
-            self._states[msg.site] = msg
-            self._state_event.set()
+            env = codec.decode_envelope(payload)
+            if env.sender != self.creds.fog.fog_id:
+                raise SecurityError("unknown sender", env.sender[:64])
+            return self._fog.verify_only(env)
+        except (DecodeError, SecurityError):
+            self.rejected += 1
+            return None
+
+    def _on_state(self, m: Inbound) -> None:
+        msg = self._open(m.payload)
+        if isinstance(msg, FogState) and msg.site == self.site:
+            self._state = msg
 
     def _on_reply(self, m: Inbound) -> None:
-        try:
-            msg = codec.decode(m.payload)
-        except DecodeError:
-            return
+        msg = self._open(m.payload)
         rid = getattr(msg, "request_id", None)
         with self._lock:
-            w = self._waiters.get(rid) if isinstance(rid, str) else None
-        if w is not None:
-            w[1].append(msg)
-            w[0].set()
+            if isinstance(msg, ControlReply) and rid == "" and not msg.ok:
+                # the fog refused a request it could not even read (bad signature, clock, rights):
+                # it cannot name which, so every waiting request ends with that reason, not a timeout
+                waiters = list(self._waiters.values())
+            else:
+                waiters = [w] if isinstance(rid, str) and (w := self._waiters.get(rid)) is not None else []
+        for ev, box in waiters:
+            if not box:
+                box.append(msg)
+                ev.set()
 
-    def _await(self, rid: str, payload: bytes, topic: str, timeout: float, resend_s: float = 0.0) -> Any:
-        """Publish and wait for the answer; ``resend_s`` re-publishes idempotent requests (a fog broker
-        that is just (re)subscribing may miss the first copy)."""
+    def _seal(self, msg: Any) -> bytes:
+        with self._sign_lock:
+            return self._signer.seal_bytes(msg, time.time())
+
+    def _await(self, rid: str, payload: bytes, topic: str, timeout: float) -> Any:
         ev: threading.Event = threading.Event()
         box: list[Any] = []
         with self._lock:
             self._waiters[rid] = (ev, box)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                self._mqtt.publish(topic, payload)
-                left = deadline - time.monotonic()
-                if ev.wait(min(left, resend_s) if resend_s > 0 else left):
-                    return box[0]
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"no answer from the fog broker within {timeout:g} s")
+            self._mqtt.publish(topic, payload)
+            if not ev.wait(timeout):
+                raise TimeoutError(f"no answer from the fog broker within {timeout:g} s")
+            return box[0]
         finally:
             with self._lock:
                 self._waiters.pop(rid, None)
 
     # ------------------------------------------------------------ control
 
-    def _signer_for(self) -> Signer:
-        if self._signer is None:
-            self._identity = operator_identity(self._key_path)
-            # A fresh epoch per client: the fog's replay window never sees an old (epoch, seq).
-            self._signer = Signer(self._identity, int(time.time() * 1000))
-        return self._signer
-
-    def control(self, action: str, body: Mapping[str, Any] | None = None, *, signed: bool = True,
-                timeout: float = 30.0) -> Any:
+    def control(self, action: str, body: Mapping[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
         rid = uuid.uuid4().hex
-        payload_body = dict(body or {})
-        if signed:
-            signer = self._signer_for()
-            assert self._identity is not None
-            payload_body["operator_key"] = self._identity.public_key_bytes.hex()
-        req = ControlRequest(rid, action, self.reply_topic, json.dumps(payload_body).encode())
-        data = self._signer_for().seal_bytes(req, time.time()) if signed else codec.encode(req)
-        reply = self._await(rid, data, self.topics.control(), timeout, resend_s=0.0 if signed else 1.0)
+        req = ControlRequest(rid, action, self.reply_topic, json.dumps(dict(body or {})).encode())
+        reply = self._await(rid, self._seal(req), self.topics.control(), timeout)
         if not isinstance(reply, ControlReply):
             raise ControlError(f"unexpected answer {type(reply).__name__}")
         if not reply.ok:
             raise ControlError(reply.error)
         return json.loads(reply.body or b"null")
 
-    def status(self, timeout: float = 10.0) -> dict[str, Any]:
-        return self.control("status", signed=False, timeout=timeout)  # type: ignore[no-any-return]
+    def status(self, timeout: float = 10.0, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"offset": offset}
+        if limit is not None:
+            body["limit"] = limit
+        return self.control("status", body, timeout=timeout)  # type: ignore[no-any-return]
 
     def deploy(self, spec: Mapping[str, Any], *, base_dir: str | Path = ".", timeout: float = 60.0) -> Any:
         """Submit one workload dict or {"workloads": [...], "quotas": {...}}; local ONNX paths are uploaded."""
@@ -214,7 +213,7 @@ class FogClient:
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            st = self.status()
+            st = self.status(limit=0)
             for w in st["workloads"]:
                 if w["name"] == name:
                     last = w
@@ -230,7 +229,9 @@ class FogClient:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
                                {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
-        res = self._await(rid, codec.encode(req), self.topics.infer(), timeout + 2.0)
+        res = self._await(rid, self._seal(req), self.topics.infer(), timeout + 2.0)
+        if isinstance(res, ControlReply) and not res.ok:
+            raise InferenceError(res.error)
         if not isinstance(res, InferenceResult):
             raise InferenceError(f"unexpected answer {type(res).__name__}")
         return res

@@ -87,12 +87,24 @@ class Router:
         p = _Pending(req, now, now + timeout, 0.0, 0, chains[0])
         return self._send(p, chains, now, wall)
 
-    def result(self, res: InferenceResult, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
-        """A result (or a hop's error) came back for one of our attempts."""
-        p = self._pending.pop(res.request_id, None)
+    def result(self, res: InferenceResult, chains: Sequence[Chain], now: float, wall: float,
+               sender: str | None = None) -> list[Command]:
+        """A result (or a hop's error) came back for one of our attempts.
+
+        ``sender`` is the authenticated device that sealed it: only a device of the attempt's
+        route may answer for it (a result is the last hop's, an error any hop's).
+        """
+        p = self._pending.get(res.request_id)
         if p is None:
             self.counters["late"] += 1
             return []
+        if sender is not None:
+            route = p.chain[1]
+            allowed = {route[-1].device_id} if res.ok else {h.device_id for h in route}
+            if sender not in allowed:
+                self.counters["wrong sender"] = self.counters.get("wrong sender", 0) + 1
+                return []
+        del self._pending[res.request_id]
         del self._by_request[p.request.request_id]
         if res.ok:
             self.counters["answered"] += 1

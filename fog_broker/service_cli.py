@@ -25,22 +25,38 @@ DEFAULT_SITE = "default"
 
 def register_service(sub: Any) -> None:
     p = sub.add_parser("broker", help="run a fog broker (owns the site's MQTT broker)",
-                       description="Run the live fog broker: fleet registry, deployment controller, "
-                                   "inference router; starts mosquitto unless --mqtt is given.")
-    p.add_argument("--port", type=int, default=1883, help="MQTT port of the site broker it starts (1883)")
-    p.add_argument("--host", default="127.0.0.1", help="address mosquitto listens on (127.0.0.1)")
-    p.add_argument("--data-dir", type=Path, required=True, help="keys, SQLite desired state, models")
-    p.add_argument("--site", default=DEFAULT_SITE, help=f"site name ({DEFAULT_SITE})")
+                       description="Run the live fog broker: fleet registry, deployment controller, inference "
+                                   "router. Secure by default: on first start it makes the site CA, the broker "
+                                   "and fog certificates and the first operator's credentials "
+                                   "(DATA_DIR/credentials/admin), and runs mosquitto with TLS, client "
+                                   "certificates and a per-identity ACL (docs/security.md).")
+    p.add_argument("--port", type=int, default=None, help="MQTT port of the site broker (8883; 1883 with --insecure)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address mosquitto and the enrolment service listen on (127.0.0.1; 0.0.0.0 for a LAN)")
+    p.add_argument("--data-dir", type=Path, required=True, help="keys, PKI, trust.db, SQLite desired state, models")
+    p.add_argument("--site", default=None, help=f"site name (first start: {DEFAULT_SITE}; then the stored one)")
     p.add_argument("--fog-id", default="", help="fog broker id (default fog-SITE)")
-    p.add_argument("--mqtt", metavar="HOST:PORT", help="use this MQTT broker instead of starting mosquitto")
+    p.add_argument("--mqtt", metavar="HOST:PORT",
+                   help="use this already running MQTT broker instead of starting mosquitto (configure it with "
+                        "DATA_DIR/pki/broker/* and DATA_DIR/mqtt/acl; reload it when they change)")
+    p.add_argument("--enroll-port", type=int, default=None, metavar="P",
+                   help="HTTPS enrolment service port (default: MQTT port + 1)")
+    p.add_argument("--san", action="append", default=[], metavar="NAME|IP",
+                   help="another name or address agents dial the broker by (repeatable; the host name, its "
+                        "addresses, localhost and the fog id are always in the certificate)")
+    p.add_argument("--coordinator-key", action="append", default=[], metavar="NAME=HEX",
+                   help="pin a coordinator's release-signing key given out of band (repeatable)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain MQTT, no TLS and no ACL, loopback only, with a loud warning (tests and demos); "
+                        "devices must still be added by key (fogline devices add)")
+    p.add_argument("--max-message-mb", type=float, default=24.0, metavar="MB",
+                   help="the broker's message size limit (24 MiB: a deploy carrying an uploaded model)")
     p.add_argument("--state-interval", type=float, default=10.0, metavar="S",
                    help="devices' state interval assumed until their birth says (10 s)")
     p.add_argument("--startup-wait", type=float, default=None, metavar="S",
                    help="after a restart, wait at most this long for devices before re-placing "
                         "(default: one state interval)")
     p.add_argument("--summary-interval", type=float, default=3.0, metavar="S")
-    p.add_argument("--strict-enrollment", action="store_true", help="refuse devices not in devices.json")
-    p.add_argument("--strict-operators", action="store_true", help="refuse operators not in operators.json")
     p.add_argument("--verify-workers", type=int, default=2, metavar="N",
                    help="advert verification shards (2); each a worker process unless --verify-threads")
     p.add_argument("--verify-threads", action="store_true",
@@ -51,6 +67,8 @@ def register_service(sub: Any) -> None:
     s = sub.add_parser("status", help="describe a fog broker: devices, workloads, placements, reasons")
     _client_args(s)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--offset", type=int, default=0, help="first device to list (devices are paged)")
+    s.add_argument("--limit", type=int, default=None, help="devices per page (1000)")
     s.set_defaults(func=_cmd_status)
 
     d = sub.add_parser("deploy", help="submit workloads (JSON as in COST_MODEL.md) to a fog broker")
@@ -66,7 +84,7 @@ def register_service(sub: Any) -> None:
 
     i = sub.add_parser("infer", help="run one inference through a deployed workload")
     i.add_argument("workload")
-    i.add_argument("input", metavar="INPUT.npy", help="input tensor (.npy) or .npz with named tensors")
+    i.add_argument("input", metavar="INPUT", help="input tensor: .npy, or .npz with named tensors")
     _client_args(i)
     i.add_argument("--input-name", default=None, help="input tensor name (default: the model's first input, 'x')")
     i.add_argument("--timeout", type=float, default=5.0)
@@ -74,76 +92,150 @@ def register_service(sub: Any) -> None:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_infer)
 
+    from .admin_cli import register_admin
+    register_admin(sub)
+
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--broker", required=True, metavar="HOST:PORT", help="the site's MQTT broker")
-    p.add_argument("--site", default=None, help="site (default: the online fog broker's)")
-    p.add_argument("--key", default=None, help="operator key file (default $FOGLINE_OPERATOR_KEY or "
-                                               "~/.fogline/operator.key)")
+    p.add_argument("--broker", default=None, metavar="HOST:PORT",
+                   help="the site's MQTT broker (default: the address in the credentials' fog.json)")
+    p.add_argument("--credentials", default=None, metavar="DIR",
+                   help="credentials issued by `fogline operators add` (default $FOGLINE_CREDENTIALS, else "
+                        "~/.fogline/credentials; the first operator's are FOGDIR/credentials/admin)")
+    p.add_argument("--insecure", action="store_true", help="plain MQTT to a loopback broker run with --insecure")
 
 
 def _client(args: argparse.Namespace) -> Any:
     from runtime.mqtt import parse_hostport
 
     from .client import FogClient
-    host, port = parse_hostport(args.broker)
-    return FogClient(host, port, site=args.site, key=args.key)
+    host, port = parse_hostport(args.broker) if args.broker else (None, None)
+    return FogClient(host, port, credentials=args.credentials, insecure=args.insecure)
 
 
 # ------------------------------------------------------------------ broker
 
 
-def _adopt_or_start_mosquitto(args: argparse.Namespace, data_dir: Path) -> tuple[Any, str, int]:
-    """Start mosquitto (or, where it is not installed, the embedded fallback, with a loud warning);
-    after a crash of this process, re-attach to the broker it left running."""
-    from runtime.broker import start_broker, wait_port
-    mdir = data_dir / "mqtt"
-    owner = mdir / "owner.json"
+def _local_names(fog_id: str, host: str, extra: list[str]) -> tuple[list[str], list[str]]:
+    """DNS names and IPs for the broker certificate: what agents on the LAN may dial."""
+    import ipaddress
+    import socket
+    names = {"localhost", fog_id, socket.gethostname()}
+    ips = {"127.0.0.1"}
+    try:
+        ips.update(str(i[4][0]) for i in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
+    except OSError:
+        pass
+    for item in [host, *extra]:
+        if item in ("", "0.0.0.0", "::"):
+            continue
+        try:
+            ips.add(str(ipaddress.ip_address(item)))
+        except ValueError:
+            names.add(item)
+    return sorted(names), sorted(ips)
+
+
+def _start_mosquitto(args: argparse.Namespace, data_dir: Path, config: Any) -> Any:
+    """Start mosquitto, or re-attach to the one a crashed run of this fog broker left running."""
+    from runtime.broker import MosquittoBroker, wait_port
+    owner = data_dir / "mqtt" / "owner.json"
     if owner.exists():
         try:
             info = json.loads(owner.read_text())
             pid, port = int(info["pid"]), int(info["port"])
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            ours = b"mosquitto" in cmdline or b"runtime.fallback_broker" in cmdline
-            if ours and port == args.port and wait_port(args.host, port, 0.5):
+            if b"mosquitto" in cmdline and port == config.port and wait_port(config.host, port, 0.5):
                 log.warning("re-attached to mosquitto pid %d left running on port %d", pid, port)
-                return _Adopted(pid), args.host, port
+                b = MosquittoBroker(config, pid=pid)
+                b.write_config()  # files as this run would have them (ACL, CRL, certificates)
+                b.reload()
+                return b
         except (OSError, ValueError, KeyError):
             pass
-    b = start_broker(mdir, args.port, host=args.host)
+    b = MosquittoBroker(config).start()
     assert b.proc is not None
     owner.write_text(json.dumps({"pid": b.proc.pid, "port": b.port}))
-    return b, b.host, b.port
-
-
-class _Adopted:
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-
-    def stop(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except OSError:
-            pass
+    return b
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from runtime.mqtt import parse_hostport
+    import socket
+    import time as _time
 
+    from runtime.broker import BrokerConfig, find_mosquitto, free_port
+    from runtime.errors import LocalViolation
+    from runtime.mqtt import parse_hostport
+    from runtime.net import require_loopback
+
+    from .enrolment import EnrolmentServer
     from .service import FogService, ServiceConfig
+    from .site import Site
+
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
+    stored = json.loads((data_dir / "site.json").read_text()) if (data_dir / "site.json").exists() else {}
+    site_name = args.site or stored.get("site") or DEFAULT_SITE
+    if stored and args.site and args.site != stored.get("site"):
+        print(f"error: {data_dir} belongs to site {stored.get('site')!r}, not {args.site!r}", file=sys.stderr)
+        return 2
+    site = Site(data_dir, site=site_name, fog_id=args.fog_id or stored.get("fog_id") or None)
+    now = _time.time()
+    for pin in args.coordinator_key:
+        name, _, hexkey = pin.partition("=")
+        try:
+            site.pin_coordinator(name, bytes.fromhex(hexkey), now)
+        except ValueError:
+            print("error: --coordinator-key needs NAME=HEX (64 hex characters)", file=sys.stderr)
+            return 2
+    port = args.port or (1883 if args.insecure else 8883)
     mosq = None
+    tls = None
+    adv = args.host if args.host not in ("0.0.0.0", "::") else socket.gethostname()
+    if args.insecure:
+        require_loopback(args.host if not args.mqtt else parse_hostport(args.mqtt)[0], "--insecure")
+    names, ips = _local_names(site.fog_id, args.host, args.san)
+    tls_dir = site.broker_tls_dir(names, ips)
+    creds_dir = data_dir / "credentials" / "admin"
+    if site.db.identity("admin") is None:
+        site.issue_credentials("admin", "operator", creds_dir, now)
+    if not args.insecure:
+        tls = site.fog_credentials().tls(site.fog_id)
     if args.mqtt:
         host, port = parse_hostport(args.mqtt)
     else:
-        mosq, host, port = _adopt_or_start_mosquitto(args, data_dir)
-    cfg = ServiceConfig(data_dir=data_dir, site=args.site, fog_id=args.fog_id, mqtt_host=host, mqtt_port=port,
-                        state_interval_s=args.state_interval, startup_wait_s=args.startup_wait,
-                        summary_interval_s=args.summary_interval, strict_enrollment=args.strict_enrollment,
-                        strict_operators=args.strict_operators, verify_workers=max(1, args.verify_workers),
+        host = args.host
+        config = BrokerConfig(data_dir=data_dir / "mqtt", port=port, host=host,
+                              tls_dir=None if args.insecure else tls_dir,
+                              acl=None if args.insecure else site.acl(),
+                              max_message_bytes=0 if args.insecure else int(args.max_message_mb * 1024 * 1024))
+        if find_mosquitto() is None or os.environ.get("FOGLINE_BROKER") == "fallback":
+            if not args.insecure:
+                print("error: mosquitto is not installed and the embedded fallback broker cannot enforce TLS "
+                      "and ACLs; install the Debian package 'mosquitto', or run with --insecure on loopback",
+                      file=sys.stderr)
+                return 2
+            from runtime.broker import start_broker
+            mosq = start_broker(data_dir / "mqtt", port, host=host)
+        else:
+            mosq = _start_mosquitto(args, data_dir, config)
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    enroll_port = args.enroll_port or (port + 1 if not args.insecure else free_port())
+    site.write_info(mqtt=f"{adv}:{port}", enroll=f"{adv}:{enroll_port}")
+    for d in [creds_dir]:
+        (d / "fog.json").write_text(json.dumps(site.fog_json(), indent=1))
+    on_acl = getattr(mosq, "update_acl", None) if not args.insecure else None
+    on_crl = getattr(mosq, "update_crl", None) if not args.insecure else None
+    if not args.insecure and mosq is None:
+        def on_acl(text: str) -> None:  # noqa: F811 - an external broker: the operator reloads it
+            (data_dir / "mqtt").mkdir(exist_ok=True)
+            (data_dir / "mqtt" / "acl").write_text(text)
+            log.warning("ACL changed: reload the external MQTT broker (%s)", data_dir / "mqtt" / "acl")
+    cfg = ServiceConfig(data_dir=data_dir, site=site.site, fog_id=site.fog_id, mqtt_host=host, mqtt_port=port,
+                        tls=tls, state_interval_s=args.state_interval, startup_wait_s=args.startup_wait,
+                        summary_interval_s=args.summary_interval, verify_workers=max(1, args.verify_workers),
                         verify_processes=not args.verify_threads)
-    svc = FogService(cfg)
+    svc = FogService(cfg, site=site, on_acl=on_acl, on_crl=on_crl)
     stop = threading.Event()
     import faulthandler
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: thread dump to stderr
@@ -154,17 +246,29 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _sig)
     signal.signal(signal.SIGINT, _sig)
     ad = None
+    enrol = None
     try:
-        svc.start()
+        try:
+            svc.start()
+        except LocalViolation as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        # A device approved at enrolment connects at once: give it its ACL entry before answering.
+        def enrolled() -> None:
+            if on_acl is not None:
+                on_acl(site.acl())
+            svc.trust_changed()
+        enrol = EnrolmentServer(site, args.host, enroll_port, tls_dir, on_change=enrolled).start()
         if not args.no_zeroconf:
             try:
                 from runtime.discovery import advertise
-                ad = advertise(cfg.site, cfg.fog_id, host, port)
+                ad = advertise(cfg.site, cfg.fog_id, adv, port)
             except Exception as exc:  # noqa: BLE001 - discovery is a convenience, never fatal
                 log.warning("zeroconf advertisement failed: %s", exc)
         print(json.dumps({"event": "ready", "fog_id": cfg.fog_id, "site": cfg.site, "mqtt": f"{host}:{port}",
-                          "epoch": svc.epoch, "public_key": svc.identity.public_key_bytes.hex(),
-                          "pid": os.getpid()}), flush=True)
+                          "enroll": f"{adv}:{enrol.port}", "secure": not args.insecure, "epoch": svc.epoch,
+                          "public_key": svc.identity.public_key_bytes.hex(), "ca_sha256": site.ca.fingerprint,
+                          "credentials": str(creds_dir), "pid": os.getpid()}), flush=True)
         while not stop.wait(0.5):
             pass
     finally:
@@ -173,6 +277,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
                 ad.close()
             except Exception:  # noqa: BLE001
                 pass
+        if enrol is not None:
+            enrol.stop()
         svc.stop()
         if mosq is not None:
             mosq.stop()
@@ -236,7 +342,7 @@ def render_status(st: dict[str, Any]) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        st = c.status()
+        st = c.status(offset=args.offset, limit=args.limit)
     if args.json:
         print(json.dumps(st, indent=1))
     else:

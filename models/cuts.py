@@ -24,6 +24,8 @@ __all__ = [
     "Segment",
     "chain_profile",
     "enumerate_cuts",
+    "cut_points",
+    "max_partitions",
     "resolve_cuts",
     "DEFAULT_SEGMENTS",
 ]
@@ -175,19 +177,44 @@ class ChainProfile:
         return isinstance(segs, list) and [s.to_dict() for s in self.segments] == segs
 
 
+def cut_points(src: ModelSource) -> list[int]:
+    """Positions worth cutting at: right after a node with work, before another one.
+
+    Nodes whose outputs are all constants (Constant, shape arithmetic on weights) do
+    no work at run time and are copied into whichever partition reads them, so a
+    cut next to them only makes an empty partition. Every segment between two of
+    these points runs at least one node on activations.
+    """
+    ga = analyze(src)
+    hit = ga.memo.get("points")
+    if isinstance(hit, list):
+        return hit
+    work = [any(o and o not in ga.static for o in node.output) for node in ga.nodes]
+    last = max((i for i, w in enumerate(work) if w), default=-1)
+    points = [i for i in range(1, last + 1) if work[i - 1]]
+    ga.memo["points"] = points
+    return points
+
+
+def max_partitions(src: ModelSource) -> int:
+    """How many non-empty partitions the model can be split into at most."""
+    return len(cut_points(src)) + 1
+
+
 def _select(prof: ModelProfile, cross: list[int], k: int,
-            strategy: Literal["cheapest", "balanced"]) -> list[int]:
+            strategy: Literal["cheapest", "balanced"], candidates: Sequence[int]) -> list[int]:
     n = len(prof.nodes)
-    if k <= 1 or n <= 1:
+    if strategy not in ("cheapest", "balanced"):
+        raise ModelError(f"unknown segment strategy {strategy!r}: use 'cheapest' or 'balanced'")
+    if k <= 1 or n <= 1 or not candidates:
         return []
-    if k - 1 >= n - 1:
-        return list(range(1, n))
+    if k - 1 >= len(candidates):
+        return list(candidates)
     cum = [0]
     for node in prof.nodes:
         cum.append(cum[-1] + node.flops)
     total = cum[-1] or 1
     frac = [c / total for c in cum]
-    candidates = range(1, n)
     if strategy == "cheapest":
         # Fewest bytes first. Among cuts of equal size (every block boundary of a
         # residual stack), take the one farthest in FLOPs from those already kept,
@@ -212,14 +239,22 @@ def _select(prof: ModelProfile, cross: list[int], k: int,
             if len(picked) >= k - 1:
                 break
         return sorted(picked)
-    if strategy == "balanced":
-        chosen: set[int] = set()
-        for t in (j / k for j in range(1, k)):
-            window = [i for i in candidates if abs(frac[i] - t) <= 0.5 / k and i not in chosen]
-            if window:
-                chosen.add(min(window, key=lambda i: (cross[i], abs(frac[i] - t), i)))
-        return sorted(chosen)
-    raise ModelError(f"unknown segment strategy {strategy!r}: use 'cheapest' or 'balanced'")
+    chosen: set[int] = set()
+    for t in (j / k for j in range(1, k)):
+        window = [i for i in candidates if abs(frac[i] - t) <= 0.5 / k and i not in chosen]
+        if window:
+            chosen.add(min(window, key=lambda i: (cross[i], abs(frac[i] - t), i)))
+    # Quantile windows are empty where one node holds most of the FLOPs (an If, a
+    # big MatMul): fill up with the cut farthest from those kept, in FLOPs and
+    # then in nodes, cheapest first, so k segments are asked and k are given.
+    rest = [i for i in candidates if i not in chosen]
+    while len(chosen) < k - 1 and rest:
+        ends = [0, n, *chosen]
+        best = min((-min(abs(frac[i] - frac[c]) for c in ends),
+                    -min(abs(i - c) for c in ends) / n, cross[i], i) for i in rest)[-1]
+        chosen.add(best)
+        rest.remove(best)
+    return sorted(chosen)
 
 
 def chain_profile(src: ModelSource, max_segments: int = DEFAULT_SEGMENTS, *,
@@ -239,7 +274,7 @@ def chain_profile(src: ModelSource, max_segments: int = DEFAULT_SEGMENTS, *,
     if cuts is not None:
         points = [c.index for c in resolve_cuts(ga, cuts)]
     else:
-        points = _select(prof, cross, max_segments, strategy)
+        points = _select(prof, cross, max_segments, strategy, cut_points(ga))
     bounds = [0, *points, len(ga.nodes)]
     segments = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):

@@ -148,6 +148,24 @@ def _pool(node: onnx.NodeProto, ins: Sequence[_Info], outs: Sequence[_Info]) -> 
     return _numel(outs[0]) * math.prod(int(k) for k in kernel), 0
 
 
+def _recurrent(gates: int) -> _Rule:
+    """RNN (1 gate), GRU (3), LSTM (4): input and recurrent MatMuls per step and direction.
+
+    Plus per gate element: bias adds (2) and an activation (4), and 3 for the state update.
+    """
+    def rule(node: onnx.NodeProto, ins: Sequence[_Info], outs: Sequence[_Info]) -> tuple[int, int]:
+        x, w = ins[0], ins[1] if len(ins) > 1 else None
+        r = ins[2] if len(ins) > 2 else None
+        if x is None or w is None or r is None or len(x.shape) != 3:
+            return 0, 0
+        seq, batch = (x.shape[1], x.shape[0]) if _attr(node, "layout", 0) else x.shape[:2]
+        dirs, hidden, feat = w.shape[0], r.shape[-1], w.shape[-1]
+        steps = seq * batch * dirs
+        macs = steps * gates * hidden * (feat + hidden)
+        return 2 * macs + steps * hidden * (gates * 6 + 3), macs
+    return rule
+
+
 def _zero(node: onnx.NodeProto, ins: Sequence[_Info], outs: Sequence[_Info]) -> tuple[int, int]:
     return 0, 0
 
@@ -164,6 +182,7 @@ _RULES: dict[str, _Rule] = {
     "Sum": _variadic, "Mean": _variadic, "Max": _variadic, "Min": _variadic,
     "CumSum": _per_output(1), "ArgMax": _per_input(1), "ArgMin": _per_input(1),
     "TopK": _per_input(1), "Resize": _per_output(4), "Upsample": _per_output(4),
+    "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
 }
 for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
             "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):

@@ -20,7 +20,7 @@ __all__ = [
     "Taint", "PartitionStatus", "Hop", "DeviceSummary",
     "DeviceBirth", "DeviceState", "DeviceDeath", "FogState", "Rebirth",
     "Deploy", "Undeploy", "CommandAck",
-    "InferenceRequest", "Activation", "InferenceResult",
+    "InferenceRequest", "Activation", "RouteTicket", "Relay", "Tensors", "InferenceResult", "TimeHint",
     "FleetSummary", "ControlRequest", "ControlReply", "ModelRelease", "Envelope",
 ]
 
@@ -193,6 +193,9 @@ class DeviceState(Message):
     rtt_s: float | None = None
     partitions: tuple[PartitionStatus, ...] = ()
     flwr_node_id: int | None = None
+    # fog clock minus this device's clock, from the fog's signed time hints (None: no hint yet);
+    # a Pi without an RTC shows its skew here instead of failing freshness checks in silence
+    clock_skew_s: float | None = None
 
     def validate(self) -> None:
         _check_id(self.device_id, "device_id")
@@ -323,10 +326,67 @@ class Activation(Message):
     reply_to: str
     tensors: dict[str, np.ndarray]
     deadline: float = 0.0  # wall-clock seconds; 0 means none
+    # The fog-signed route this activation travels (``runtime.relay``): forwarded unchanged.
+    ticket: bytes = b""
+    ticket_sig: bytes = b""
+    keys: tuple[bytes, ...] = ()  # each hop's device key, from the verified ticket
 
     def validate(self) -> None:
         if not 0 <= self.hop < len(self.route):
             raise RemoteViolation(f"hop {self.hop} outside a route of {len(self.route)}")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class RouteTicket(Message):
+    """The fog's word on one inference attempt's route, signed once and carried by every hop.
+
+    ``keys[i]`` is the Ed25519 key of ``route[i].device_id``: a hop accepts an activation only
+    sealed by the previous hop's key named here (or, for hop 0, by the fog itself).
+    """
+
+    KIND: ClassVar[str] = "inf.ticket"
+    fog_id: str
+    request_id: str
+    workload: str
+    route: tuple[Hop, ...]
+    keys: tuple[bytes, ...]
+    reply_to: str
+    deadline: float = 0.0
+
+    def validate(self) -> None:
+        if any(len(k) != 32 for k in self.keys):
+            raise RemoteViolation("route keys must be Ed25519 public keys (32 bytes)")
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Relay(Message):
+    """An activation on the wire (``runtime.relay``): checked before its tensors are decoded.
+
+    ``ticket`` is an encoded ``RouteTicket`` and ``ticket_sig`` the fog's signature of it;
+    ``tensors`` an encoded ``Tensors``; ``signature`` is the sender's over all of it.
+    """
+
+    KIND: ClassVar[str] = "inf.relay"
+    hop: int
+    sender: str
+    ticket: bytes
+    ticket_sig: bytes
+    tensors: bytes
+    signature: bytes
+
+    def validate(self) -> None:
+        _check_nonneg(hop=self.hop)
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Tensors(Message):
+    """Named tensors, encoded on their own so a relay can be checked before they are decoded."""
+
+    KIND: ClassVar[str] = "inf.tensors"
+    tensors: dict[str, np.ndarray]
 
 
 @message
@@ -379,6 +439,20 @@ class ControlReply(Message):
     ok: bool
     body: bytes = b""
     error: str = ""
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class TimeHint(Message):
+    """The fog's wall clock, sealed and published every few seconds on ``fog/TIME``.
+
+    A device without a real-time clock compares it with its own and reports the skew; the
+    envelope's (epoch, seq) only moves forward, so an old hint cannot be replayed to it.
+    """
+
+    KIND: ClassVar[str] = "fog.time"
+    fog_id: str
+    wall: float
 
 
 @message

@@ -4,7 +4,12 @@ Nothing is trusted by default: a control message is accepted only as an
 ``Envelope`` from an enrolled sender, with a valid signature, a fresh
 (epoch, seq) and a timestamp inside the window. The verifier is pure (time
 is a parameter) so it can be tested exhaustively; every rejection is a fixed
-reason phrase, counted.
+reason phrase, counted. Its one optional side effect is the replay state
+file (``state_path``) that keeps replay protection across restarts.
+
+Order of work on untrusted bytes: decode the outer envelope under the tight
+envelope budget (``codec.decode_envelope``), check the signature or MAC over
+the raw payload bytes, and only then decode the payload.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import collections
 import hashlib
 import hmac
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +41,8 @@ __all__ = [
     "SessionKeyPair", "derive_session_key", "mac_tag", "sign_session_offer", "verify_session_offer",
     "MAC_LEN", "MAC_KINDS", "NO_SESSION",
 ]
+
+log = logging.getLogger(__name__)
 
 _ENV_DOMAIN = b"fogline-envelope-v1"
 _ART_DOMAIN = b"fogline-artifact-v1"
@@ -200,6 +208,20 @@ class TrustStore:
             tmp.write_text(json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
             os.replace(tmp, self.path)
 
+    def remove(self, name: str) -> bool:
+        """Forget ``name`` (a revoked identity); True if it was known."""
+        if self._raw.pop(name, None) is None:
+            return False
+        del self._keys[name]
+        if self.path:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
+            os.replace(tmp, self.path)
+        return True
+
+    def names(self) -> list[str]:
+        return list(self._raw)
+
     def key_bytes(self, name: str) -> bytes | None:
         return self._raw.get(name)
 
@@ -220,6 +242,35 @@ class _Window:
     bitmap: int  # bit i set: seq (top - i) was seen
 
 
+_STATE_VERSION = 1
+
+
+def _load_marks(path: Path) -> dict[str, tuple[int, int]]:
+    """Read replay high-water marks; a missing file is empty, an unreadable one is refused."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise LocalViolation(f"cannot read replay state {path}: {exc}") from None
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("version") != _STATE_VERSION:
+            raise ValueError(f"expected version {_STATE_VERSION}")
+        marks: dict[str, tuple[int, int]] = {}
+        for sender, mark in data["marks"].items():
+            if not (isinstance(mark, list) and len(mark) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in mark)):
+                raise ValueError(f"bad mark for {sender[:64]!r}")
+            marks[sender] = (mark[0], mark[1])
+        return marks
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LocalViolation(
+            f"replay state {path} is corrupt ({str(exc)[:80]}); refusing to start, since an empty state would "
+            f"accept a replay of any command sealed in the last timestamp window; delete the file only after "
+            f"this process has been down longer than that window") from None
+
+
 class Verifier:
     """Checks envelopes: size, sender, signature, (epoch, seq) freshness, timestamp window.
 
@@ -227,19 +278,36 @@ class Verifier:
     resets it, an older epoch is refused, and within an epoch each seq is taken
     once and only if it is no more than ``window`` behind the highest seen (QoS1
     redelivery and concurrent publishers reorder a little, never a lot).
+
+    With ``state_path``, each sender's (epoch, highest seq) survives restarts: it is
+    loaded here and rewritten (tmp file, fsync, ``os.replace``) whenever it advances,
+    so after a restart every seq at or below the mark is refused as replayed and an
+    older epoch as stale. That is one small synchronous write per advance, meant for
+    rare traffic (an agent's commands); the fog's advert ingest (thousands per second,
+    and devices reconnect with a new epoch anyway) does not use it. A write that fails
+    is logged and counted in ``persist_errors``; the envelope is still accepted (the
+    in-memory window protects until a restart). A corrupt state file raises
+    ``LocalViolation``: the file is only ever replaced whole, so corruption means
+    tampering or a failing disk, and starting empty would reopen the replay hole.
     """
 
     def __init__(self, trust: TrustStore, *, max_skew_s: float = 30.0, max_size: int = codec.DEFAULT_MAX_SIZE,
-                 window: int = 64, sessions: bool = False) -> None:
+                 window: int = 64, sessions: bool = False, state_path: str | Path | None = None) -> None:
         self.trust = trust
         self.max_skew_s = max_skew_s
         self.max_size = max_size
         self.window = window
         self.rejected: collections.Counter[str] = collections.Counter()
         self.accepted = 0
+        self.persist_errors = 0
         self._windows: dict[str, _Window] = {}
         # sender -> (epoch, HMAC key); None: session MACs are not accepted by this verifier at all
         self._sessions: dict[str, tuple[int, bytes]] | None = {} if sessions else None
+        self.state_path = Path(state_path) if state_path is not None else None
+        if self.state_path is not None:
+            full = (1 << window) - 1  # nothing at or below a stored mark is known unseen
+            for sender, (epoch, top) in _load_marks(self.state_path).items():
+                self._windows[sender] = _Window(epoch, top, full)
 
     def set_session(self, sender: str, epoch: int, key: bytes) -> None:
         """Accept MAC-authenticated envelopes of ``sender`` for this connect ``epoch`` under ``key``."""
@@ -269,16 +337,31 @@ class Verifier:
         if len(data) > self.max_size:
             raise self._reject(OVERSIZED, f"{len(data)} bytes")
         try:
-            env = codec.decode(data, max_size=self.max_size)
+            env = codec.decode_envelope(data, max_size=self.max_size)  # tight budget: nothing is trusted yet
         except DecodeError as exc:
             raise self._reject(MALFORMED, str(exc)) from None
-        if not isinstance(env, Envelope):
-            raise self._reject(MALFORMED, f"expected an envelope, got {env.KIND}")
         return env, self.check(env, now)
 
     def check(self, env: Envelope, now: float) -> Message:
+        """Signature or MAC, then freshness (timestamp, replay window), then decode the payload."""
         self.verify_signature(env)
         self.admit(env, now)
+        msg = self._payload(env)
+        self.accepted += 1
+        return msg
+
+    def verify_only(self, env: Envelope) -> Message:
+        """Signature or MAC, then decode the payload: no timestamp, no replay window, no ``accepted`` count.
+
+        For pre-signed MQTT Wills (a device's DeviceDeath, a fog's offline FogState): sealed at
+        connect time and delivered whenever the connection dies, so the timestamp is stale by
+        design; the caller checks freshness by epoch.
+        """
+        self.verify_signature(env)
+        return self._payload(env)
+
+    def _payload(self, env: Envelope) -> Message:
+        """Decode the payload of an authenticated envelope (never before: see the module doc)."""
         try:
             msg = codec.decode(env.payload, max_size=self.max_size)
         except DecodeError as exc:
@@ -287,7 +370,6 @@ class Verifier:
             raise self._reject(MALFORMED, "nested envelope")
         if self._sessions is not None and len(env.signature) == MAC_LEN and msg.KIND not in MAC_KINDS:
             raise self._reject(BAD_SIGNATURE, f"{msg.KIND} must be signed, not MAC-authenticated")
-        self.accepted += 1
         return msg
 
     def verify_signature(self, env: Envelope) -> None:
@@ -318,27 +400,59 @@ class Verifier:
         """Stateful half of ``check``: timestamp window, then the per-sender (epoch, seq) replay window."""
         if not abs(env.timestamp - now) <= self.max_skew_s:  # also catches NaN
             raise self._reject(OUTSIDE_WINDOW, f"{env.timestamp - now:+.1f} s")
-        self._admit(env)
+        if self._admit(env) and self.state_path is not None:
+            self._save()
 
-    def _admit(self, env: Envelope) -> None:
+    def admit_sequence(self, env: Envelope) -> None:
+        """The replay window alone, without the timestamp check: for a verified message that itself
+        sets the clock (the fog's time hints), so a device whose clock is wrong can still take it."""
+        if self._admit(env) and self.state_path is not None:
+            self._save()
+
+    def _admit(self, env: Envelope) -> bool:
+        """Take ``env``'s (epoch, seq) or raise; True when the high-water mark advanced."""
         w = self._windows.get(env.sender)
         if w is None or env.epoch > w.epoch:
             self._windows[env.sender] = _Window(env.epoch, env.seq, 1)
-            return
+            return True
         if env.epoch < w.epoch:
             raise self._reject(STALE_EPOCH, f"{env.epoch} < {w.epoch}")
         if env.seq > w.top:
             shift = env.seq - w.top
             w.bitmap = ((w.bitmap << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
             w.top = env.seq
-            return
+            return True
         back = w.top - env.seq
         if back >= self.window or (w.bitmap >> back) & 1:
             raise self._reject(REPLAYED, f"seq {env.seq} (highest {w.top})")
         w.bitmap |= 1 << back
+        return False
 
     def forget(self, sender: str) -> None:
-        self._windows.pop(sender, None)
+        if self._windows.pop(sender, None) is not None and self.state_path is not None:
+            self._save()
+
+    def _save(self) -> None:
+        """Atomically rewrite the replay state file with every sender's (epoch, highest seq)."""
+        path = self.state_path
+        if path is None:
+            return
+        text = json.dumps({"version": _STATE_VERSION,
+                           "marks": {s: [w.epoch, w.top] for s, w in sorted(self._windows.items())}})
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(text.encode())
+                f.flush()
+                os.fsync(f.fileno())  # the mark must outlive a power cut, not just a crash
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.persist_errors += 1
+            log.error("replay state not saved to %s (%s); a restart could accept a replay", path, exc)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------- session MACs

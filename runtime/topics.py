@@ -47,6 +47,10 @@ class Topics:
     def rebirth(self) -> str:
         return f"{self.base}/fog/REBIRTH"
 
+    def time(self) -> str:
+        """The fog's sealed wall-clock hints (``TimeHint``), never retained."""
+        return f"{self.base}/fog/TIME"
+
     def infer(self) -> str:
         return f"{self.base}/fog/INFER"
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ._rows import RowStack
 from ._validate import NonFinite
 
 __all__ = [
@@ -63,9 +64,19 @@ def centered_gram(
 def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
                center_row: int | None, g: np.ndarray, buf: np.ndarray, avg: np.ndarray,
                n: int, d: int, step: int) -> None:
+    stack = isinstance(x, RowStack)
+    avg64 = avg.astype(np.float64)
     for s in range(0, d, step):
         e = min(d, s + step)
         b = buf[:, : e - s]
+        if stack:  # read the clients' buffers straight into the float64 block
+            x.read(rows, s, e, b[:n])
+            if extra is not None:
+                b[n:] = extra[:, s:e]
+            c = b[center_row].copy() if center_row is not None else avg64 @ b[:n]
+            b -= c
+            g += b @ b.T
+            continue
         xs = x[:, s:e] if rows is None else x[rows, s:e]
         # The centre is computed in the input precision (a fast gemv); the float64
         # difference of two float32 values is exact, so only centrality matters.
@@ -118,12 +129,15 @@ def combine(
     return out
 
 
-def mix(x: np.ndarray, mat: np.ndarray) -> np.ndarray:
-    """Return mat @ x (k, d) in x's dtype, accumulating each chunk in float64."""
+def mix(x: np.ndarray, mat: np.ndarray, base: np.ndarray | None = None) -> np.ndarray:
+    """Return mat @ (x - base) (k, d) in x's dtype, accumulating each chunk in float64."""
     k = mat.shape[0]
     out = np.empty((k, x.shape[1]), dtype=x.dtype)
     for sl in chunks(x.shape[1], max(k, x.shape[0])):
-        out[:, sl] = mat @ x[:, sl]
+        xs = x[:, sl]
+        if base is not None:
+            xs = xs - base[sl]  # float64: the difference of float32 values is exact
+        out[:, sl] = mat @ xs
     if not np.isfinite(out).all():
         raise NonFinite
     return out

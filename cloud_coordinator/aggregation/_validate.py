@@ -13,6 +13,7 @@ import numpy as np
 
 from ._errors import AggregationError
 from ._result import AggregateResult
+from ._rows import RowStack
 
 __all__ = [
     "NonFinite", "as_updates", "as_weights", "check_f", "nonfinite_rows", "guarded",
@@ -27,7 +28,13 @@ class NonFinite(Exception):
 
 
 def as_updates(updates: object) -> np.ndarray:
-    """Return a 2-D floating (n, d) view of the stacked client updates (no copy if possible)."""
+    """Return a 2-D floating (n, d) view of the stacked client updates (no copy if possible).
+
+    A ``RowStack`` (rows read from the clients' buffers) is returned as it is: the
+    kernels index it like an array, chunk by chunk.
+    """
+    if isinstance(updates, RowStack):
+        return updates  # type: ignore[return-value]
     x = np.asarray(updates)
     if x.ndim != 2:
         raise AggregationError(f"updates must be a 2-D array (n, d), got shape {x.shape}")

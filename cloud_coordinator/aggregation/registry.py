@@ -16,6 +16,7 @@ import numpy as np
 from ._errors import AggregationError
 from ._kernels import mix
 from ._result import AggregateResult
+from ._rows import RowStack
 from ._validate import as_updates, guarded
 from .clipping import clip_rows
 from .distances import pairwise_sq_distances
@@ -119,16 +120,45 @@ class Aggregator:
     def __repr__(self) -> str:
         return f"Aggregator({self.name!r}, f={self.f})"
 
-    def aggregate(self, updates: np.ndarray, weights: np.ndarray | None = None) -> AggregateResult:
-        """Aggregate one round; non-finite client rows are rejected, not fatal."""
+    @property
+    def min_clients(self) -> int:
+        """The fewest client rows this pipeline accepts for its ``f`` (the rule's bound)."""
+        f = self.f
+        need = {"mean": 1, "krum": 2 * f + 3, "multi_krum": 2 * f + 3, "bulyan": 4 * f + 3}.get(
+            self._rule, 2 * f + 1)
+        for p in reversed(self._pre):
+            if p == "nnm":
+                need = max(need, f + 1)
+            elif p == "bucketing":  # ceil(n / s) rows must still satisfy what follows
+                need = int(self._pre_kw.get("bucket_size", 2)) * (need - 1) + 1
+        return max(need, 1)
+
+    def aggregate(self, updates: np.ndarray | RowStack, weights: np.ndarray | None = None, *,
+                  base: np.ndarray | None = None) -> AggregateResult:
+        """Aggregate one round; non-finite client rows are rejected, not fatal.
+
+        With ``base`` (the global weights, flat float64), ``updates`` are the clients'
+        new weights rather than their differences: every rule and pre-aggregator except
+        norm clipping commutes with a translation (Gram matrices are centred, medians
+        and means shift along), so rules run on the weights as received and
+        ``base`` is subtracted from the result. The update and the state stay
+        in update space either way.
+        """
         x = as_updates(updates)
-        res = guarded(self._run, x, weights, True)
+        if base is not None:
+            base = np.asarray(base, dtype=np.float64)
+            if base.shape != (x.shape[1],):
+                raise AggregationError(f"base must have shape ({x.shape[1]},), got {base.shape}")
+            if "clip" in self._pre:  # norms are not translation-invariant: clip true differences
+                x, base = (x.dense(base) if isinstance(x, RowStack) else
+                           np.asarray(x, dtype=np.float64) - base), None
+        res = guarded(lambda xx, ww: self._run(xx, ww, base), x, weights, True)
         if res.state is not None:
             self._state = dict(res.state)
         self.rounds += 1
         return res
 
-    def _run(self, x: np.ndarray, w: np.ndarray | None) -> AggregateResult:
+    def _run(self, x: np.ndarray, w: np.ndarray | None, base: np.ndarray | None = None) -> AggregateResult:
         n = x.shape[0]
         groups: tuple[tuple[int, ...], ...] = tuple((i,) for i in range(n))
         for p in self._pre:
@@ -142,16 +172,26 @@ class Aggregator:
                 mat = bucketing_matrix(x.shape[0], size, self._rng)
                 if w is not None:
                     w = mat.astype(bool) @ w
-            x = mix(x, mat)
+            # Mixed rows are written as differences from ``base``: rows of ``mat`` sum to
+            # one, so that is exact, and it keeps float32 rows precise.
+            x = mix(x, mat, base)
+            base = None
             groups = tuple(tuple(sorted({c for j in g for c in groups[j]})) for g in groups_of(mat))
         fn, _ = _RULES[self._rule]
         kw = dict(self._kw)
         if self._rule == "centered_clipping":
             kw["state"] = self._state
+            if base is not None:  # start from last round's aggregate, in the rows' (weight) space
+                v = np.zeros(x.shape[1]) if self._state is None else np.asarray(self._state["v"])
+                kw["state"] = {"v": v + base}
         res = fn(x, w, f=self.f, **kw)
         chosen = {c for i in res.selected for c in groups[i]}
         rejected = {i: NOT_SELECTED for i in range(n) if i not in chosen}
-        return AggregateResult(res.update, tuple(sorted(chosen)), rejected, res.state)
+        update, state = res.update, res.state
+        if base is not None:
+            update = update - base
+            state = None if state is None else {"v": np.asarray(state["v"]) - base}
+        return AggregateResult(update, tuple(sorted(chosen)), rejected, state)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: rng state, rule state, round count (plain data)."""

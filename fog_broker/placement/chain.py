@@ -106,6 +106,8 @@ class DeviceTable:
     pact: np.ndarray
     tx: np.ndarray
     rx: np.ndarray
+    #: Each device's class (``Device.device_class``): measured segment times are keyed by it.
+    classes: tuple[str, ...] = ()
     #: Derived data of this immutable table (dominator lists), built on first use.
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -115,7 +117,8 @@ class DeviceTable:
             return np.array([getattr(d, name) for d in devices], dtype=np.float64)
         return cls(tuple(d.id for d in devices), col("flops"), col("memory_bytes"),
                    col("uplink_bps"), col("downlink_bps"), col("rtt_s"),
-                   col("power_active_w"), col("tx_j_per_byte"), col("rx_j_per_byte"))
+                   col("power_active_w"), col("tx_j_per_byte"), col("rx_j_per_byte"),
+                   tuple(d.device_class for d in devices))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -136,25 +139,35 @@ def min_segment_memory(profile: ChainProfile) -> float:
     return min(s.param_bytes + s.activation_bytes for s in profile.segments)
 
 
-def _static_keys(table: DeviceTable, objective: str) -> np.ndarray:
-    """The static cost components of every device, oriented so that bigger is better."""
+def _static_keys(table: DeviceTable, objective: str, T: np.ndarray | None = None) -> np.ndarray:
+    """The static cost components of every device, oriented so that bigger is better.
+
+    With measured segment times ``T`` (segments x devices) the compute component is one
+    row per segment (no slower on every segment), which is what the swap argument needs.
+    """
     if objective == "energy":
-        return np.stack([-(table.pact / table.flops), -table.tx, -table.rx])
-    return np.stack([table.flops, -table.rtt, table.up, table.down])
+        compute = [-(table.pact / table.flops)] if T is None else list(-(T * table.pact))
+        return np.stack([*compute, -table.tx, -table.rx])
+    compute = [table.flops] if T is None else list(-T)
+    return np.stack([*compute, -table.rtt, table.up, table.down])
 
 
-def _dominator_lists(table: DeviceTable, objective: str) -> tuple[np.ndarray, np.ndarray]:
+def _dominator_lists(table: DeviceTable, objective: str, profile: ChainProfile | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Per device, up to ``DOMINATOR_LIST`` statically dominating devices, most memory first.
 
     Returns ``dom`` (D x L indices, padded with ``D``) and ``weak`` (the pair's static vectors
     are equal and the dominator has the larger index, so it dominates only with strictly more
-    memory). Built once per table and objective, in column blocks so memory stays O(D * block).
+    memory). Built once per table and objective (and per profile, when measured segment
+    times apply), in column blocks so memory stays O(D * block).
     """
-    key = ("dominators", objective)
+    T = None if profile is None else _ProfileArrays.of(table, profile).T
+    key: tuple[Any, ...] = ("dominators", objective) if T is None else \
+        ("dominators", objective, id(profile))
     hit = table.cache.get(key)
-    if hit is not None:
-        return hit  # type: ignore[no-any-return]
-    V = _static_keys(table, objective)
+    if hit is not None and (T is None or hit[2] is profile):
+        return hit[0], hit[1]  # type: ignore[no-any-return]
+    V = _static_keys(table, objective, T)
     D = len(table)
     L = max(0, min(DOMINATOR_LIST, D - 1))
     dom = np.full((D, L), D, dtype=np.intp)
@@ -178,7 +191,7 @@ def _dominator_lists(table: DeviceTable, objective: str) -> tuple[np.ndarray, np
         a_idx, d_idx = order[r_idx], cols[c_idx]
         dom[d_idx, pos] = a_idx
         weak[d_idx, pos] = (V[:, a_idx] == V[:, d_idx]).all(axis=0) & (a_idx > d_idx)
-    table.cache[key] = (dom, weak)
+    table.cache[key] = (dom, weak, profile)
     return dom, weak
 
 
@@ -209,6 +222,9 @@ class _ProfileArrays:
     mems: np.ndarray  # every partition memory, sorted, unique
     lower: np.ndarray  # the strictly lower triangle (no partition)
     min_seg: float
+    #: Seconds of each segment on each device (segments x devices) when measured times
+    #: apply to some device of the table (FLOP time elsewhere); None: FLOPs everywhere.
+    T: np.ndarray | None = None
 
     @classmethod
     def of(cls, table: DeviceTable, profile: ChainProfile) -> _ProfileArrays:
@@ -225,9 +241,39 @@ class _ProfileArrays:
         MEM = _partition_memories(profile)
         hit = cls(fl, np.array([s.out_bytes for s in segs]), cfl[None, 1:] - cfl[:-1, None],
                   MEM, np.unique(MEM[np.isfinite(MEM)]), np.tri(n, k=-1, dtype=bool),
-                  min_segment_memory(profile))
+                  min_segment_memory(profile), _segment_seconds(table, profile, fl))
         table.cache[key] = (profile, hit)
         return hit
+
+
+def _segment_seconds(table: DeviceTable, profile: ChainProfile, fl: np.ndarray
+                     ) -> np.ndarray | None:
+    """Segments x devices seconds: measured (by id, then class) where given, else FLOPs."""
+    if not profile.segment_times:
+        return None
+    times = dict(profile.segment_times)
+    cols = {}
+    for z, (did, cls) in enumerate(zip(table.ids, table.classes or ("",) * len(table))):
+        hit = times.get(did)
+        if hit is None and cls:
+            hit = times.get(cls)
+        if hit is not None:
+            cols[z] = hit
+    if not cols:
+        return None
+    T = fl[:, None] / table.flops[None, :]
+    for z, secs in cols.items():
+        T[:, z] = secs
+    return T
+
+
+def _compute_cost(pa: _ProfileArrays, table: DeviceTable, idx: np.ndarray, latency: bool
+                  ) -> np.ndarray:
+    """Per segment (rows) and device ``idx`` (columns): compute seconds, or joules."""
+    if pa.T is None:
+        coef = 1.0 / table.flops[idx] if latency else table.pact[idx] / table.flops[idx]
+        return pa.fl[:, None] * coef[None, :]
+    return pa.T[:, idx] if latency else pa.T[:, idx] * table.pact[idx][None, :]
 
 
 def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_chain: int,
@@ -239,7 +285,7 @@ def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_
     docstring); ``always`` (the source and the sink) are never dropped.
     """
     D = len(table)
-    dom, weak = _dominator_lists(table, objective)
+    dom, weak = _dominator_lists(table, objective, profile)
     if max_chain > dom.shape[1] or not candidate.any():
         return candidate.copy()
     mems = _ProfileArrays.of(table, profile).mems
@@ -293,18 +339,19 @@ def chain_length_bound(table: DeviceTable, profile: ChainProfile, source: int, s
     if len(idx) == 0:
         return kmax, None
     lat = objective != "energy"
-    coef = 1.0 / table.flops[idx] if lat else table.pact[idx] / table.flops[idx]
+    S = _compute_cost(pa, table, idx, lat)  # segments x candidates
     a0, e = _ends(table, profile, source, sink, objective, idx)
     fr = free[idx]
-    whole = np.where(fr >= pa.MEM[0, n - 1], a0 + pa.FL[0, n - 1] * coef + e, INF)
+    whole = np.where(fr >= pa.MEM[0, n - 1], a0 + S.sum(axis=0) + e, INF)
     best = int(np.argmin(whole))
     ub = float(whole[best])
     single = (ub, int(idx[best])) if np.isfinite(ub) else None
     if kmax <= 1 or n == 1 or single is None:
         return min(kmax, n), single
-    head = float(np.min(np.where(fr >= pa.MEM[0, 0], a0 + pa.fl[0] * coef, INF)))
-    tail = float(np.min(np.where(fr >= pa.MEM[n - 1, n - 1], pa.fl[-1] * coef + e, INF)))
-    middle = float(pa.fl[1:-1].sum()) * float(coef.min())
+    head = float(np.min(np.where(fr >= pa.MEM[0, 0], a0 + S[0], INF)))
+    tail = float(np.min(np.where(fr >= pa.MEM[n - 1, n - 1], S[-1] + e, INF)))
+    # Each middle segment runs on some candidate: at least the fastest one's time.
+    middle = float(S[1:-1].min(axis=1).sum()) if n > 2 else 0.0
     b = pa.out[:-1]
     if lat:
         cut = float(table.rtt[idx].min()) + 8.0 * b * max(
@@ -353,9 +400,14 @@ class _Problem:
         if m == 0 or min_partitions > kmax:
             self.m = 0
             return
-        F = table.flops[cand]
-        coef = 1.0 / F if self.latency else table.pact[cand] / F
-        C = FL[:, :, None] * coef[None, None, :]
+        if pa.T is None:
+            F = table.flops[cand]
+            coef = 1.0 / F if self.latency else table.pact[cand] / F
+            C = FL[:, :, None] * coef[None, None, :]
+        else:  # measured seconds: C[i, j] = sum of segments i..j, by prefix sums
+            S = _compute_cost(pa, table, cand, self.latency)
+            CS = np.concatenate((np.zeros((1, m)), np.cumsum(S, axis=0)))
+            C = CS[None, 1:, :] - CS[:-1, None, :]
         C[MEM[:, :, None] > free[cand][None, None, :]] = INF
         C[pa.lower] = INF
         self.C = C

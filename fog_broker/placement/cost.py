@@ -41,6 +41,7 @@ def transfer_energy(nbytes: float, a: Device, z: Device) -> float:
 
 
 def compute_time(flops: float, d: Device) -> float:
+    """The reference model's compute time; ``ChainProfile.compute_s`` prefers measured times."""
     return flops / d.flops
 
 
@@ -64,9 +65,9 @@ def chain_cost(profile: ChainProfile, parts: Sequence[PartitionPlacement],
         d = devices[p.device]
         lat += transfer_time(nbytes, prev, d)
         en += transfer_energy(nbytes, prev, d)
-        fl = sum(s.flops for s in segs[p.first:p.last + 1])
-        lat += compute_time(fl, d)
-        en += compute_energy(fl, d)
+        t = profile.compute_s(p.first, p.last, d)  # measured where reported, else FLOPs
+        lat += t
+        en += d.power_active_w * t
         nbytes = segs[p.last].out_bytes
         prev = d
     lat += transfer_time(nbytes, prev, dst)

@@ -86,6 +86,33 @@ def _list(v: Any, where: str) -> Sequence[Any]:
     return v
 
 
+def _strs(v: Any, where: str) -> tuple[str, ...]:
+    return tuple(_str(x, f"{where}[{i}]") for i, x in enumerate(_list(v, where)))
+
+
+def _segment_times(v: Any, n: int | None, where: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """``{device id or class: [seconds per segment]}``, every list as long as the chain."""
+    out = []
+    for key, times in _obj(v, where).items():
+        w = f"{where}.{key}"
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"{where}: keys must be device ids or classes, got {key!r}")
+        secs = tuple(_num(t, f"{w}[{i}]") for i, t in enumerate(_list(times, w)))
+        if n is not None and len(secs) != n:
+            raise SpecError(f"{w}: {len(secs)} segment times for a chain of {n} segments")
+        out.append((key, secs))
+    return tuple(sorted(out))
+
+
+def _input_shapes(v: Any, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    out = []
+    for name, dims in _obj(v, where).items():
+        w = f"{where}.{name}"
+        out.append((str(name), tuple(_int(x, f"{w}[{i}]", minimum=1)
+                                     for i, x in enumerate(_list(dims, w)))))
+    return tuple(out)
+
+
 # --- fleet ----------------------------------------------------------------------------------
 
 
@@ -177,6 +204,9 @@ class Device:
     taints: tuple[Taint, ...] = ()
     battery: Battery | None = None
     alive: bool = True
+    #: onnxruntime execution providers the device runs partitions with, best first
+    #: (its birth's ``providers``); empty: not reported.
+    providers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -192,6 +222,13 @@ class Device:
     @property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
+
+    @property
+    def device_class(self) -> str:
+        """What measured segment times are keyed by besides the id: the ``device-class``
+        label, else ``device-model`` (e.g. ``pi4``); '' when the device has neither."""
+        labels = dict(self.labels)
+        return labels.get("device-class") or labels.get("device-model") or ""
 
     @property
     def power_domain(self) -> str:
@@ -226,9 +263,16 @@ class Device:
                          for i, t in enumerate(_list(d.get("taints", []) or [], f"{w}.taints"))),
             battery=None if batt is None else Battery.from_dict(batt, f"{w}.battery"),
             alive=alive,
+            providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
         )
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._base_dict()
+        if self.providers:
+            out["providers"] = list(self.providers)
+        return out
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "labels": dict(self.labels),
             "taints": [t.to_dict() for t in self.taints],
@@ -307,10 +351,44 @@ class ChainProfile:
     model: str
     input_bytes: float
     segments: tuple[Segment, ...]
+    #: Measured seconds per segment, keyed by device id or device class; they replace
+    #: ``flops / device.flops`` on the devices they name (COST_MODEL.md).
+    segment_times: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.segments:
             raise SpecError(f"profile '{self.model}': no segments")
+        for key, times in self.segment_times:
+            if len(times) != len(self.segments) or any(
+                    not (t >= 0 and math.isfinite(t)) for t in times):
+                raise SpecError(f"profile '{self.model}': segment times for '{key}' need "
+                                f"{len(self.segments)} finite seconds >= 0")
+
+    def times_for(self, device: Device) -> tuple[float, ...] | None:
+        """Measured segment seconds on ``device`` (by id, then by class), or None."""
+        if not self.segment_times:
+            return None
+        table = dict(self.segment_times)
+        hit = table.get(device.id)
+        if hit is None and device.device_class:
+            hit = table.get(device.device_class)
+        return hit
+
+    def compute_s(self, first: int, last: int, device: Device) -> float:
+        """Compute time of segments ``first..last`` on ``device``: measured, else FLOPs."""
+        times = self.times_for(device)
+        if times is not None:
+            return sum(times[first:last + 1])
+        return sum(s.flops for s in self.segments[first:last + 1]) / device.flops
+
+    def with_times(self, times: Mapping[str, Sequence[float]] |
+                   Sequence[tuple[str, Sequence[float]]]) -> ChainProfile:
+        """A copy with measured segment times added (a key already there is replaced)."""
+        items = times.items() if isinstance(times, Mapping) else times
+        merged = dict(self.segment_times)
+        merged.update((str(k), tuple(float(t) for t in v)) for k, v in items)
+        return ChainProfile(self.model, self.input_bytes, self.segments,
+                            tuple(sorted(merged.items())))
 
     def memory_of(self, first: int, last: int) -> float:
         """``param_bytes(p) + peak_activation_bytes(p)`` for segments ``first..last`` inclusive."""
@@ -323,7 +401,9 @@ class ChainProfile:
         segs = _list(_req(d, "segments", where), f"{where}.segments")
         return cls(_str(d.get("model", "model"), f"{where}.model"),
                    _num(_req(d, "input_bytes", where), f"{where}.input_bytes"),
-                   tuple(Segment.from_dict(s, f"{where}.segments[{i}]") for i, s in enumerate(segs)))
+                   tuple(Segment.from_dict(s, f"{where}.segments[{i}]") for i, s in enumerate(segs)),
+                   _segment_times(d.get("segment_times_s", {}) or {}, len(segs),
+                                  f"{where}.segment_times_s"))
 
     @classmethod
     def coerce(cls, obj: Any) -> ChainProfile:
@@ -347,8 +427,11 @@ class ChainProfile:
             raise SpecError(f"not a chain profile: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "input_bytes": self.input_bytes,
-                "segments": [s.to_dict() for s in self.segments]}
+        out: dict[str, Any] = {"model": self.model, "input_bytes": self.input_bytes,
+                               "segments": [s.to_dict() for s in self.segments]}
+        if self.segment_times:
+            out["segment_times_s"] = {k: list(v) for k, v in self.segment_times}
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +467,25 @@ class Workload:
     model: str | None = None
     #: The chain uses at least this many partitions (memory headroom, pipelining); default 1.
     min_partitions: int = 1
+    #: Whole input shapes for a ``model`` with dynamic dimensions: ``(("x", (1, 3, 48, 320)),)``.
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: Accelerator selector: run only on devices offering one of these execution providers.
+    providers: tuple[str, ...] = ()
+    #: Measured segment seconds for a ``model`` workload, attached to its profile once profiled.
+    segment_times: tuple[tuple[str, tuple[float, ...]], ...] = ()
+
+    def with_profile(self, profile: ChainProfile) -> Workload:
+        """This workload with ``profile`` (its own measured segment times merged in)."""
+        from dataclasses import replace
+
+        if self.segment_times:
+            n = len(profile.segments)
+            for key, times in self.segment_times:
+                if len(times) != n:
+                    raise SpecError(f"workload {self.name}: segment_times_s.{key} has "
+                                    f"{len(times)} times, the model's chain {n} segments")
+            profile = profile.with_times(self.segment_times)
+        return replace(self, profile=profile)
 
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "energy"):
@@ -429,7 +531,20 @@ class Workload:
             profile=ChainProfile.from_dict(d["profile"], f"{w}.profile") if "profile" in d else None,
             model=_str(d["model"], f"{w}.model") if "model" in d else None,
             min_partitions=_int(d.get("min_partitions", 1), f"{w}.min_partitions", minimum=1),
-        )
+            input_shapes=_input_shapes(d.get("input_shapes", {}) or {}, f"{w}.input_shapes"),
+            providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
+        )._with_times(d.get("segment_times_s"), w)
+
+    def _with_times(self, raw: Any, where: str) -> Workload:
+        if raw is None:
+            return self
+        from dataclasses import replace
+
+        n = len(self.profile.segments) if self.profile is not None else None
+        times = _segment_times(raw, n, f"{where}.segment_times_s")
+        if self.profile is not None:
+            return replace(self, profile=self.profile.with_times(times))
+        return replace(self, segment_times=times)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -442,6 +557,12 @@ class Workload:
             out["max_partitions"] = self.max_partitions
         if self.min_partitions != 1:
             out["min_partitions"] = self.min_partitions
+        if self.input_shapes:
+            out["input_shapes"] = {k: list(v) for k, v in self.input_shapes}
+        if self.providers:
+            out["providers"] = list(self.providers)
+        if self.segment_times:
+            out["segment_times_s"] = {k: list(v) for k, v in self.segment_times}
         if self.profile is not None:
             out["profile"] = self.profile.to_dict()
         else:

@@ -16,7 +16,7 @@ __all__ = [
     "Code", "Status", "Filter", "NodeView", "Alive", "NodeSelector", "TaintToleration",
     "EnergyFloor", "MemoryFit", "PowerDomainSpread", "QuotaCheck", "ObjectiveScore", "GangPermit",
     "DEFAULT_FILTERS", "NOT_ALIVE", "SELECTOR_MISMATCH", "UNTOLERATED_TAINT", "BATTERY_LOW",
-    "INSUFFICIENT_MEMORY", "DOMAIN_TAKEN", "first_failure",
+    "INSUFFICIENT_MEMORY", "DOMAIN_TAKEN", "NO_PROVIDER", "ProviderFit", "first_failure",
 ]
 
 NOT_ALIVE = "device not alive"
@@ -25,6 +25,7 @@ UNTOLERATED_TAINT = "untolerated taint"
 BATTERY_LOW = "battery below floor"
 INSUFFICIENT_MEMORY = "insufficient memory"
 DOMAIN_TAKEN = "power domain taken by another replica"
+NO_PROVIDER = "no required execution provider"
 
 
 class Code(Enum):
@@ -95,6 +96,23 @@ class TaintToleration:
         return OK
 
 
+class ProviderFit:
+    """Accelerator selector: a workload naming providers runs only where one is offered.
+
+    A device that reported no providers is taken to run the CPU provider only.
+    """
+
+    name = "ProviderFit"
+
+    def filter(self, workload: Workload, node: NodeView) -> Status:
+        if not workload.providers:
+            return OK
+        offered = node.device.providers or ("CPUExecutionProvider",)
+        if any(p in offered for p in workload.providers):
+            return OK
+        return Status(Code.UNFIT_FINAL, (NO_PROVIDER,), self.name)
+
+
 @dataclass(frozen=True, slots=True)
 class EnergyFloor:
     """A battery device below ``floor`` (charge fraction) and not charging takes no new work."""
@@ -136,7 +154,7 @@ class PowerDomainSpread:
 
 
 #: Filters whose verdict depends only on the workload spec and the device (cacheable).
-DEFAULT_FILTERS: tuple[type, ...] = (Alive, NodeSelector, TaintToleration)
+DEFAULT_FILTERS: tuple[type, ...] = (Alive, NodeSelector, TaintToleration, ProviderFit)
 
 
 @dataclass(frozen=True, slots=True)

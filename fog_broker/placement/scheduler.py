@@ -27,9 +27,9 @@ from .model import (
     WorkloadPlacement, WorkloadResult,
 )
 from .plugins import (
-    BATTERY_LOW, DOMAIN_TAKEN, INSUFFICIENT_MEMORY, NOT_ALIVE, SELECTOR_MISMATCH,
+    BATTERY_LOW, DOMAIN_TAKEN, INSUFFICIENT_MEMORY, NO_PROVIDER, NOT_ALIVE, SELECTOR_MISMATCH,
     UNTOLERATED_TAINT, Alive, EnergyFloor, GangPermit, NodeSelector,
-    NodeView, QuotaCheck, TaintToleration, first_failure,
+    NodeView, ProviderFit, QuotaCheck, TaintToleration, first_failure,
 )
 
 __all__ = ["SchedulerConfig", "schedule"]
@@ -103,16 +103,18 @@ class _State:
         tolerations and the battery floor, so they live in ``fleet.cache``: shared by replicas,
         workloads with the same spec, and every reconcile on the same snapshot.
         """
-        key = ("static", w.selectors, w.tolerations, self.cfg.battery_floor)
+        key = ("static", w.selectors, w.tolerations, self.cfg.battery_floor, w.providers)
         hit = self.fleet.cache.get(key)
         if hit is None:
-            filters = (Alive(), NodeSelector(), TaintToleration(), EnergyFloor(self.cfg.battery_floor))
+            filters = (Alive(), NodeSelector(), TaintToleration(), ProviderFit(),
+                       EnergyFloor(self.cfg.battery_floor))
             phrases: list[str | None] = []
             sel, floor = w.selectors, self.cfg.battery_floor
             for d in self.fleet.devices:
                 # Fast path for the common device that plainly passes every filter below.
                 if d.alive and not d.taints and (d.battery is None or d.battery.level >= floor) \
-                        and (not sel or all(item in d.labels for item in sel)):
+                        and (not sel or all(item in d.labels for item in sel)) \
+                        and not w.providers:
                     phrases.append(None)
                     continue
                 st = first_failure(filters, w, NodeView(d, d.memory_bytes))
@@ -264,6 +266,9 @@ def _fit_failure(w: Workload, st: _State, replica: int, mask: np.ndarray,
     if counts.get(UNTOLERATED_TAINT):
         reasons["taint"] = (f"{counts[UNTOLERATED_TAINT]} devices have a taint the workload "
                             f"does not tolerate")
+    if counts.get(NO_PROVIDER):
+        reasons["providers"] = (f"{counts[NO_PROVIDER]} devices offer none of the execution "
+                                f"providers {','.join(w.providers)}")
     if counts.get(BATTERY_LOW):
         reasons["energy"] = (f"{counts[BATTERY_LOW]} devices on battery below "
                              f"{st.cfg.battery_floor:.0%} and not charging")

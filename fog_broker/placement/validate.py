@@ -24,6 +24,18 @@ def _transfer(b: float, a: Device, z: Device) -> tuple[float, float]:
     return t, b * a.tx_j_per_byte + b * z.rx_j_per_byte
 
 
+def _measured(times: Sequence[tuple[str, Sequence[float]]], d: Device
+              ) -> Sequence[float] | None:
+    """COST_MODEL.md: measured seconds for this device (its id first, then its class)."""
+    labels = dict(d.labels)
+    cls = labels.get("device-class") or labels.get("device-model")
+    by_id = [t for k, t in times if k == d.id]
+    if by_id:
+        return by_id[0]
+    by_cls = [t for k, t in times if cls and k == cls]
+    return by_cls[0] if by_cls else None
+
+
 def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
                   quotas: Mapping[str, Quota] | None = None, *, battery_floor: float = 0.2,
                   rel_tol: float = 1e-6) -> list[str]:
@@ -94,10 +106,18 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
                 tenant[w.tenant] = tenant.get(w.tenant, 0.0) + mem
                 for s in range(p.first, p.last + 1):
                     doms[s] = _lbl_domain(d)
+                if w.providers and not any(x in (d.providers or ("CPUExecutionProvider",))
+                                           for x in w.providers):
+                    errs.append(f"{where}: device {d.id} offers none of the providers "
+                                f"{','.join(w.providers)}")
                 t, e = _transfer(b, prev, d)
-                fl = sum(s.flops for s in segs[p.first:p.last + 1])
-                lat += t + fl / d.flops
-                en += e + d.power_active_w * fl / d.flops
+                measured = _measured(prof.segment_times, d)
+                if measured is not None:
+                    c = sum(measured[p.first:p.last + 1])
+                else:
+                    c = sum(s.flops for s in segs[p.first:p.last + 1]) / d.flops
+                lat += t + c
+                en += e + d.power_active_w * c
                 b, prev = segs[p.last].out_bytes, d
             else:
                 if nxt != n:

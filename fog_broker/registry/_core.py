@@ -4,7 +4,8 @@ Pure: no clock, no threads, no I/O. ``handle(advert, now)`` and ``tick(now)``
 return commands for the shell (ask a device to rebirth, tell the controller a
 device joined or was lost). Epochs follow Sparkplug's ``bdSeq``: any advert
 whose connect epoch is older than the device's current one is a leftover of a
-dead connection (typically a late Will) and is ignored, counted.
+dead connection (typically a late Will) and is ignored, counted; a death counts
+only for the current connection's epoch and never raises it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Mapping, Union
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
 
 from ..placement.model import Battery, Device, Fleet, Taint
+from ..trust import death_applies
 
 __all__ = [
     "DeviceStatus", "DeviceRecord", "RegistryConfig", "Registry", "TRANSITIONS",
@@ -252,8 +254,11 @@ class Registry:
             # A new connection whose birth we missed (e.g. lost while we restarted).
             rec.state = advert
             return self._ask_rebirth(rec, now, "state from a connection without birth")
-        if isinstance(advert, DeviceDeath) and rec.status is DeviceStatus.DEAD and advert.epoch > rec.epoch:
-            rec.epoch = advert.epoch
+        if isinstance(advert, DeviceDeath) and not death_applies(rec.epoch, advert.epoch):
+            # Sparkplug's rule: a death names the connection it ends; any other epoch is a leftover
+            # (or a forgery of a future one) and must neither end nor advance the current connection
+            self.stale += 1
+            return []
         new, action = TRANSITIONS[(rec.status, type(advert))]
         self.accepted += 1
         rec.adverts += 1
@@ -322,6 +327,15 @@ class Registry:
     def forget(self, device_id: str) -> None:
         self.devices.pop(device_id, None)
         self._touch(device_id)
+
+    def remove(self, device_id: str, now: float, reason: str) -> list[Command]:
+        """Drop a device for good (revoked): lost now if it was alive, and no record kept."""
+        rec = self.devices.get(device_id)
+        if rec is None:
+            return []
+        out = self._lose(rec, DeviceStatus.DEAD, now, reason) if rec.alive else []
+        self.forget(device_id)
+        return out
 
     def invalidate(self) -> None:
         """Drop the cached views (after editing records other than through this class)."""

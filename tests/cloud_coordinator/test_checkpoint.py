@@ -65,13 +65,16 @@ def test_keeps_last_k_and_no_temp_files(tmp_path: Path) -> None:
     (lambda p: p.with_suffix(".json").write_text("{not json"), "manifest unreadable"),
 ])
 def test_corrupt_replica_skipped(tmp_path: Path, damage, reason: str) -> None:  # type: ignore[no-untyped-def]
-    store = CheckpointStore([tmp_path / "a", tmp_path / "b"])
+    store = CheckpointStore([tmp_path / "a", tmp_path / "b", tmp_path / "c"])  # quorum 2 of 3
     store.save(_ckpt(1))
     store.save(_ckpt(2))
     damage(tmp_path / "a" / "ckpt-00000002.bin")
     got, report = store.load_latest("h1")
-    assert got is not None and got.server_round == 2  # from replica b
+    assert got is not None and got.server_round == 2  # from replicas b and c
     assert [(e.replica, e.server_round, e.reason) for e in report.skipped] == [(0, 2, reason)]
+    # with two replicas the quorum is both: one damaged copy means round 1, never a half-verified 2
+    two = CheckpointStore([tmp_path / "a", tmp_path / "b"])
+    assert two.load_latest("h1")[0].server_round == 1  # type: ignore[union-attr]
 
 
 def test_both_replicas_corrupt_falls_back_to_older_round(tmp_path: Path) -> None:
@@ -86,7 +89,7 @@ def test_both_replicas_corrupt_falls_back_to_older_round(tmp_path: Path) -> None
 
 
 def test_other_config_not_resumed(tmp_path: Path) -> None:
-    store = CheckpointStore([tmp_path / "a"])
+    store = CheckpointStore([tmp_path / "a"], CheckpointPolicy(quorum=1))
     store.save(_ckpt(4, chash="other"))
     assert store.load_latest("h1")[0] is None
     assert store.load_latest(None)[0] is not None
@@ -108,7 +111,8 @@ def test_quorum(tmp_path: Path) -> None:
     store.dirs = (tmp_path / "a", blocker / "sub")  # second replica unwritable
     with pytest.raises(QuorumError):
         store.save(_ckpt(1))
-    store3 = CheckpointStore([tmp_path / "c", tmp_path / "d"])
+    assert not list((tmp_path / "a").glob("ckpt-*"))  # the lone copy was rolled back
+    store3 = CheckpointStore([tmp_path / "c", tmp_path / "d", tmp_path / "e"])
     store3.dirs = (tmp_path / "c", tmp_path / "d", blocker / "sub")
     rep = store3.save(_ckpt(1))
     assert rep.written == (0, 1) and 2 in rep.failed
@@ -128,15 +132,27 @@ def test_signed_checkpoints(tmp_path: Path) -> None:
     assert strict.load_latest("h1")[1].skipped[0].reason == "unsigned"
 
 
-@pytest.mark.parametrize("entries, want", [
-    ([], None),
-    ([ReplicaEntry(0, 3, "h", False, "x"), ReplicaEntry(1, 2, "h", True)], (1, 2)),
-    ([ReplicaEntry(1, 3, "h", True), ReplicaEntry(0, 3, "h", True)], (0, 3)),
-    ([ReplicaEntry(0, 9, "other", True), ReplicaEntry(0, 1, "h", True)], (0, 1)),
+@pytest.mark.parametrize("entries, quorum, want", [
+    ([], 1, None),
+    ([ReplicaEntry(0, 3, "h", False, "x"), ReplicaEntry(1, 2, "h", True)], 1, (1, 2)),
+    ([ReplicaEntry(1, 3, "h", True), ReplicaEntry(0, 3, "h", True)], 1, (0, 3)),
+    ([ReplicaEntry(0, 9, "other", True), ReplicaEntry(0, 1, "h", True)], 1, (0, 1)),
+    # quorum 2: a round in one replica only (or with two different payloads) does not count
+    ([ReplicaEntry(0, 5, "h", True, sha256="x"), ReplicaEntry(0, 4, "h", True, sha256="y"),
+      ReplicaEntry(1, 4, "h", True, sha256="y")], 2, (0, 4)),
+    ([ReplicaEntry(0, 5, "h", True, sha256="x"), ReplicaEntry(1, 5, "h", True, sha256="z")], 2, None),
 ])
-def test_choose_resume(entries: list[ReplicaEntry], want: tuple[int, int] | None) -> None:
-    got = choose_resume(entries, "h")
+def test_choose_resume(entries: list[ReplicaEntry], quorum: int, want: tuple[int, int] | None) -> None:
+    got = choose_resume(entries, "h", quorum)
     assert (None if got is None else (got.replica, got.server_round)) == want
+
+
+def test_quorum_larger_than_replicas_is_an_error(tmp_path: Path) -> None:
+    from runtime.errors import LocalViolation
+
+    with pytest.raises(LocalViolation, match="quorum 2 is larger than the 1 replica directory"):
+        CheckpointStore([tmp_path / "a"], CheckpointPolicy(quorum=2))
+    assert CheckpointStore([tmp_path / "a"]).quorum == 1  # default: a majority of what there is
 
 
 def test_to_prune() -> None:

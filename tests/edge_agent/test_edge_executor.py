@@ -8,23 +8,37 @@ import numpy as np
 import pytest
 
 from edge_agent.executor import Executor, LoadError, valid_reply_topic
-from edge_agent.testing import tiny_chain
-from runtime import codec
-from runtime.messages import Activation, InferenceResult
-from runtime.security import sha256_hex
-from runtime.topics import Topics
+from edge_agent.testing import FogSigner, tiny_chain
+from runtime import codec, relay
+from runtime.messages import Activation, Envelope, InferenceResult
+from runtime.relay import Sealer
+from runtime.security import Identity, TrustStore, Verifier, sha256_hex
+from runtime.topics import Topics, parse
 
 T = Topics("s1")
 REPLY = T.reply("client-1")
 CHAIN = tiny_chain()
+FOG = FogSigner("fog-s1", "s1")
+IDS = {d: Identity.generate(d) for d in ("d0", "d1", "other")}
+KEYS = {d: i.public_key_bytes for d, i in IDS.items()}
 
 
 class FakeBus:
+    """What an executor publishes, checked as its receivers would: frames by the next hop, results by the fog."""
+
     def __init__(self) -> None:
         self.sent: queue.Queue[tuple[str, object]] = queue.Queue()
+        self.results = Verifier(TrustStore(KEYS))
 
     def publish(self, topic: str, payload: bytes) -> None:
-        self.sent.put((topic, codec.decode(payload)))
+        p = parse(topic)
+        if p.leaf == "ACT":
+            msg: object = relay.open_relay(payload, FOG.public_key, p.name, time.time())
+        else:
+            env = codec.decode(payload)
+            assert isinstance(env, Envelope)
+            msg = self.results.verify_only(env)
+        self.sent.put((topic, msg))
 
     def next(self, timeout: float = 5.0) -> tuple[str, object]:
         return self.sent.get(timeout=timeout)
@@ -32,7 +46,7 @@ class FakeBus:
 
 def make(dev: str = "d0", **kw: object) -> tuple[Executor, FakeBus]:
     bus = FakeBus()
-    return Executor(dev, T, bus.publish, intra_op_threads=1, **kw), bus  # type: ignore[arg-type]
+    return Executor(dev, T, bus.publish, Sealer(IDS[dev]), intra_op_threads=1, **kw), bus  # type: ignore[arg-type]
 
 
 def load(ex: Executor, index: int) -> None:
@@ -46,7 +60,7 @@ def test_chain_over_two_executors_matches_monolith() -> None:
     load(e0, 0)
     load(e1, 1)
     x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
-    e0.submit(CHAIN.activation("r1", x, [("d0", 0), ("d1", 1)], REPLY))
+    e0.submit(CHAIN.activation("r1", x, [("d0", 0), ("d1", 1)], REPLY, fog=FOG, keys=KEYS))
     topic, fwd = bus0.next()
     assert topic == T.device("d1", "ACT") and isinstance(fwd, Activation) and fwd.hop == 1
     e1.submit(fwd)

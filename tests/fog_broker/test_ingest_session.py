@@ -43,15 +43,20 @@ def fog(broker: MosquittoBroker, tmp_path: Path, request: pytest.FixtureRequest)
     svc.stop()
 
 
-def make(broker: MosquittoBroker, tmp_path: Path, dev_id: str, **kw: Any) -> Any:
-    from edge_agent.agent import AgentConfig
+def make(broker: MosquittoBroker, tmp_path: Path, dev_id: str, fog: Any = None, **kw: Any) -> Any:
+    """A real agent in this process whose key the fog's operator added (``fogline devices add``)."""
+    from edge_agent.agent import AgentConfig, load_identity
     from edge_agent.runner import make_agent
     from simulations.profiles import DeviceProfile
+    assert fog is not None
+    ident = load_identity(tmp_path / dev_id, dev_id)
+    fog.site.add_device(dev_id, ident.public_key_bytes, time.time())
+    wait_for(lambda: dev_id in fog.device_keys, 5)
     prof = DeviceProfile(dev_id, flops=5e9, memory_bytes=10_000_000, uplink_bps=1e8, downlink_bps=1e8,
                          rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0)
     cfg = AgentConfig(device_id=dev_id, data_dir=tmp_path / dev_id, host="127.0.0.1", port=broker.port,
                       site=SITE, state_interval_s=0.5, probe_interval_s=0.1, keepalive=5, intra_op_threads=1,
-                      status_file=False, **kw)
+                      status_file=False, fog_key=fog.identity.public_key_bytes, **kw)
     return make_agent(cfg, profile=prof).start()
 
 
@@ -84,16 +89,16 @@ class Tap:
 
 
 def accepted_states(svc: Any) -> int:
-    return int(svc.ingest_counts()["in:STATE"])
+    return int(svc.ingest.counts()["in:STATE"])
 
 
 @pytest.mark.parametrize("fog", [False, True], indirect=True, ids=["threads", "processes"])
 def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broker: MosquittoBroker,
                                                                   tmp_path: Path) -> None:
     tap = Tap(broker.port, "mac-1")
-    agent = make(broker, tmp_path, "mac-1", state_mac=True)
+    agent = make(broker, tmp_path, "mac-1", fog, state_mac=True)
     try:
-        wait_for(lambda: fog.ingest_counts()["session:opened"] >= 1)
+        wait_for(lambda: fog.ingest.counts()["session:opened"] >= 1)
         wait_for(lambda: len([e for e in tap.envelopes() if len(e.signature) == MAC_LEN]) >= 2)
         n = accepted_states(fog)
         wait_for(lambda: accepted_states(fog) >= n + 2)
@@ -116,7 +121,7 @@ def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broke
         old = Envelope(mac_env.sender, mac_env.epoch - 1, mac_env.seq + 50_000, time.time(), mac_env.payload,
                        mac_env.signature)
         pub.publish(topic, codec.encode(old)).wait(2)
-        wait_for(lambda: fog.rejections().get("stale epoch", 0) >= 1, why=lambda: (fog.ingest_counts(), old))
+        wait_for(lambda: fog.rejections().get("stale epoch", 0) >= 1, why=lambda: (fog.ingest.counts(), old))
         pub.stop()
         # the agent keeps being accepted after the forgeries
         n = accepted_states(fog)
@@ -129,9 +134,9 @@ def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broke
 def test_agent_without_state_mac_still_signs_and_is_accepted(fog: Any, broker: MosquittoBroker,
                                                              tmp_path: Path) -> None:
     tap = Tap(broker.port, "sig-1")
-    agent = make(broker, tmp_path, "sig-1", state_mac=False)
+    agent = make(broker, tmp_path, "sig-1", fog, state_mac=False)
     try:
-        wait_for(lambda: fog.ingest_counts()["session:none"] >= 1)
+        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1)
         wait_for(lambda: accepted_states(fog) >= 2)
         assert tap.envelopes() and all(len(e.signature) == 64 for e in tap.envelopes())
         assert not fog.rejections()
@@ -145,6 +150,8 @@ def test_signed_states_keep_their_replay_window_and_macs_without_session_ask_reb
         fog: Any, broker: MosquittoBroker) -> None:
     from runtime.messages import DeviceBirth
     ident = Identity.generate("raw-1")
+    fog.site.add_device("raw-1", ident.public_key_bytes, time.time())
+    wait_for(lambda: "raw-1" in fog.device_keys, 5)
     s = Signer(ident, 1)
     pub = MqttClient(f"raw-{time.time_ns()}", "127.0.0.1", broker.port)
     pub.start()
@@ -153,7 +160,7 @@ def test_signed_states_keep_their_replay_window_and_macs_without_session_ask_reb
         birth = DeviceBirth("raw-1", 1, 0, SITE, ident.public_key_bytes, 1e9, 10_000_000, 1e8, 1e8, 0.001, 5.0, 2.0,
                             state_interval_s=5.0)
         pub.publish(T.device("raw-1", "BIRTH"), s.seal_bytes(birth, time.time())).wait(2)
-        wait_for(lambda: fog.ingest_counts()["session:none"] >= 1)
+        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1)
         signed = s.seal_bytes(DeviceState("raw-1", 1, 0, 1), time.time())
         pub.publish(T.device("raw-1", "STATE"), signed).wait(2)
         pub.publish(T.device("raw-1", "STATE"), signed).wait(2)  # replayed (window in the shard)
@@ -184,6 +191,8 @@ def test_reconnect_rekeys_and_states_right_after_a_birth_are_accepted(fog: Any, 
     from runtime.messages import DeviceBirth
     from runtime.security import SessionKeyPair
     ident = Identity.generate("rk-1")
+    fog.site.add_device("rk-1", ident.public_key_bytes, time.time())
+    wait_for(lambda: "rk-1" in fog.device_keys, 5)
     fog_pub = fog.session.public_bytes
     pub = MqttClient(f"rk-{time.time_ns()}", "127.0.0.1", broker.port)
     pub.start()
@@ -201,8 +210,8 @@ def test_reconnect_rekeys_and_states_right_after_a_birth_are_accepted(fog: Any, 
                        for k in range(1, 6)]
             for topic, data in frames:
                 pub.publish(topic, data)
-            wait_for(lambda: accepted_states(fog) >= 5 * epoch, why=lambda: fog.ingest_counts())
-        assert fog.ingest_counts()["session:opened"] == 2
+            wait_for(lambda: accepted_states(fog) >= 5 * epoch, why=lambda: fog.ingest.counts())
+        assert fog.ingest.counts()["session:opened"] == 2
         assert not fog.rejections()
     finally:
         pub.stop()

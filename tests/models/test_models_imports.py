@@ -10,6 +10,8 @@ import models
 
 ROOT = Path(models.__file__).resolve().parent
 CORE = ["errors", "graph", "profile", "cuts", "partition", "zoo", "train"]
+# Adapters: onnxruntime runs (imported lazily), pip downloads, the command line.
+SHELL = ["probe", "timing", "thirdparty", "cli"]
 FORBIDDEN = {"paho", "flwr", "onnxruntime", "socket", "threading", "time", "sklearn",
              "asyncio", "subprocess", "random"}
 
@@ -39,3 +41,13 @@ def test_all_is_resolvable() -> None:
         assert getattr(models, name) is not None
     with pytest.raises(AttributeError):
         models.nope  # noqa: B018
+
+
+def test_every_module_is_core_or_shell() -> None:
+    found = {p.stem for p in ROOT.glob("*.py")} - {"__init__"}
+    assert found == set(CORE) | set(SHELL)
+
+
+@pytest.mark.parametrize("mod", ["probe", "timing"])
+def test_onnxruntime_is_imported_lazily(mod: str) -> None:
+    assert "onnxruntime" not in _top_level_imports(ROOT / f"{mod}.py")

@@ -118,3 +118,18 @@ def test_accepts_path_and_bytes(tmp_path) -> None:
     path.write_bytes(model.SerializeToString())
     a, b, c = profile_model(model), profile_model(path), profile_model(path.read_bytes())
     assert a.flops == b.flops == c.flops
+
+
+@pytest.mark.parametrize(("op", "gates"), [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_recurrent_flops(op: str, gates: int) -> None:
+    seq, batch, feat, hidden = 5, 2, 8, 16
+    w = numpy_helper.from_array(np.zeros((1, gates * hidden, feat), np.float32), "W")
+    r = numpy_helper.from_array(np.zeros((1, gates * hidden, hidden), np.float32), "R")
+    node = helper.make_node(op, ["x", "W", "R"], ["y"], hidden_size=hidden)
+    g = helper.make_graph([node], "rnn", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [seq, batch, feat])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [seq, 1, batch, hidden])], initializer=[w, r])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    prof = profile_model(m)
+    macs = seq * batch * gates * hidden * (feat + hidden)
+    assert prof.macs == macs and prof.flops > 2 * macs and not prof.unknown_ops

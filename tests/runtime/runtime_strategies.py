@@ -49,6 +49,7 @@ NAME_HINTS: dict[str, st.SearchStrategy[Any]] = {
     "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
     "battery_level": st.none() | st.floats(0.0, 1.0),
     "hop": st.integers(0, 2),
+    "keys": st.lists(st.binary(min_size=32, max_size=32), max_size=3).map(tuple),
 }
 # Tuple fields that validate() wants non-empty (Activation.route must contain hop).
 MIN_SIZES = {"route": 1}

@@ -309,3 +309,75 @@ def test_malformed_artifact_signature_dict(bad: dict[str, Any]) -> None:
 def test_artifact_metadata_must_be_scalars() -> None:
     with pytest.raises(LocalViolation):
         sign_artifact(DEV, ART, {"x": [1, 2]})
+
+
+# ------------------------------------------------------------------ order of work: envelope, signature, payload
+
+
+BOMB = b"\xdd" + (2_000_000).to_bytes(4, "big") + b"\x90" * 2_000_000  # 2M empty arrays as metadata
+
+
+def _bomb_payload() -> bytes:
+    return codec._HEADER.pack(codec.MAGIC, len(BOMB)) + BOMB
+
+
+@pytest.mark.parametrize("who", ["stranger", "forger"])
+def test_payload_is_not_decoded_unless_the_signature_holds(who: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = _bomb_payload()
+    decoded: list[int] = []
+    real = codec.decode
+    monkeypatch.setattr(security.codec, "decode", lambda data, **kw: (decoded.append(len(data)), real(data, **kw))[1])
+    if who == "stranger":
+        frame = _resigned(lambda f: f.update(payload=payload), ident=STRANGER)
+        reason = security.UNKNOWN_SENDER
+    else:
+        env = codec.decode_envelope(_resigned(lambda f: f.update(payload=payload)))
+        frame = codec.encode(dataclasses.replace(env, signature=bytes(64)))
+        reason = security.BAD_SIGNATURE
+    v = verifier()
+    with pytest.raises(SecurityError) as err:
+        v.open(frame, NOW)
+    assert err.value.reason == reason
+    assert len(payload) not in decoded  # the envelope was decoded (budgeted), its payload never
+
+
+def test_a_signed_bomb_payload_is_malformed_not_a_memory_blowup() -> None:
+    v = verifier()
+    with pytest.raises(SecurityError) as err:
+        v.open(_resigned(lambda f: f.update(payload=_bomb_payload())), NOW)
+    assert err.value.reason == security.MALFORMED and "object budget exceeded" in str(err.value)
+
+
+def test_the_envelope_itself_gets_the_tight_budget() -> None:
+    import msgpack
+
+    body = {"sender": "dev-1", "epoch": 1, "seq": 1, "timestamp": NOW, "payload": codec.encode(ACK),
+            "signature": bytes(64), "x_pad": [[]] * 1000}
+    meta = msgpack.packb(["env", 1, body], use_bin_type=True)
+    v = verifier()
+    with pytest.raises(SecurityError) as err:
+        v.open(codec._HEADER.pack(codec.MAGIC, len(meta)) + meta, NOW)
+    assert err.value.reason == security.MALFORMED and "object budget exceeded" in str(err.value)
+
+
+# ------------------------------------------------------------------ verify_only: pre-signed Wills
+
+
+def test_verify_only_checks_the_signature_but_not_time_or_replay() -> None:
+    death = DeviceDeath("dev-1", 7)
+    will = codec.decode_envelope(Signer(DEV, epoch=7).seal_bytes(death, NOW - 86_400))  # sealed a day ago
+    v = verifier()
+    assert v.verify_only(will) == death
+    assert v.verify_only(will) == death  # delivered twice (QoS1): no replay window here
+    assert v.accepted == 0 and not v.rejected and not v._windows
+    v.open(Signer(DEV, epoch=7).seal_bytes(ACK, NOW), NOW)  # and the sender's window is untouched
+    with pytest.raises(SecurityError) as err:
+        v.verify_only(dataclasses.replace(will, signature=bytes(64)))
+    assert err.value.reason == security.BAD_SIGNATURE
+    forged = codec.decode_envelope(Signer(Identity("dev-1", OTHER._key), epoch=7).seal_bytes(death, NOW))
+    with pytest.raises(SecurityError):
+        v.verify_only(forged)
+    bad = codec.decode_envelope(_resigned(lambda f: f.update(payload=b"junk")))
+    with pytest.raises(SecurityError) as err:
+        v.verify_only(bad)
+    assert err.value.reason == security.MALFORMED

@@ -1,0 +1,107 @@
+"""What ``fogline coordinator`` tells the ServerApp it supervises.
+
+The user's ServerApp runs in a process the SuperLink spawns, so the
+supervisor cannot pass Python objects. It writes ``settings.json`` into its
+work directory and names the file in the run config (key
+``fogline-settings``, added to the copy of the app it submits and set again
+with ``flwr run --run-config``), with ``FOGLINE_SETTINGS`` in the
+environment as a fallback. ``RobustStrategy.start`` reads it from the
+Grid's run: the user's code changes only the strategy line.
+Fields left None keep what the user's ``RobustStrategy(...)`` says.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import LocalViolation
+
+__all__ = ["Settings", "SETTINGS_KEY", "SETTINGS_ENV", "SETTINGS_FILE", "REPORT_FILE", "FATAL_FILE",
+           "RELEASES_DIR", "SUMMARIES_DIR", "settings_for"]
+
+SETTINGS_KEY = "fogline-settings"
+SETTINGS_ENV = "FOGLINE_SETTINGS"
+SETTINGS_FILE = "settings.json"
+REPORT_FILE = "report.json"  # written by the ServerApp when every round is done
+FATAL_FILE = "fatal.json"    # written by the ServerApp when bad input stops the run (not worth a restart)
+RELEASES_DIR = "releases"
+SUMMARIES_DIR = "summaries"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    work_dir: str
+    checkpoint_dirs: tuple[str, ...] = ()
+    quorum: int | None = None
+    keep: int = 3
+    checkpoint_mode: str = "every-round"
+    signing_key: str = ""          # Ed25519 PEM: signs checkpoints and releases
+    signer: str = "coordinator"
+    rule: str | None = None        # full pipeline, e.g. "nnm+trimmed_mean"
+    f: int | None = None
+    rounds: int | None = None
+    round_timeout: float | None = None
+    grace: float | None = None
+    min_train_nodes: int | None = None
+    seed: int | None = None
+    export: str = ""               # "package.module:function" from [tool.fogline]
+    release_name: str = ""
+    release_every: int = 0
+    input_shape: tuple[int, ...] | None = None
+    supernodes: str = ""           # supernodes.json: authenticated node -> device id (empty: auth off)
+    summaries_dir: str = ""
+    fog_keys: dict[str, str] = field(default_factory=dict)  # fog id -> Ed25519 public key (hex)
+    fog_sites: dict[str, str] = field(default_factory=dict)  # fog id -> its site
+    battery_floor: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not self.work_dir:
+            raise LocalViolation("settings need a work directory")
+
+    def path(self, name: str) -> Path:
+        return Path(self.work_dir) / name
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Settings":
+        try:
+            d = json.loads(text)
+            known = {f.name for f in fields(cls)}
+            kw: dict[str, Any] = {k: v for k, v in d.items() if k in known}
+            if "checkpoint_dirs" in kw:
+                kw["checkpoint_dirs"] = tuple(kw["checkpoint_dirs"])
+            if kw.get("input_shape") is not None:
+                kw["input_shape"] = tuple(int(x) for x in kw["input_shape"])
+            return cls(**kw)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise LocalViolation(f"unusable coordinator settings ({exc})") from None
+
+    def save(self) -> Path:
+        path = self.path(SETTINGS_FILE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(self.to_json())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+
+def settings_for(run_config: Any) -> Settings | None:
+    """The settings named by a run config (``grid.run.override_config``) or the environment; None if none."""
+    ref = ""
+    if isinstance(run_config, dict):
+        ref = str(run_config.get(SETTINGS_KEY, "") or "")
+    ref = ref or os.environ.get(SETTINGS_ENV, "")
+    if not ref:
+        return None
+    try:
+        return Settings.from_json(Path(ref).read_text())
+    except OSError as exc:
+        raise LocalViolation(f"cannot read coordinator settings {ref}: {exc.strerror or exc}") from None

@@ -1,0 +1,711 @@
+"""``RobustStrategy``: Byzantine-robust rounds, checkpoints with resume and releases for any Flower App.
+
+A Flower Message-API strategy (``flwr.serverapp.strategy.Strategy``): replace
+``FedAvg(...)`` with ``RobustStrategy(...)`` in a ServerApp and keep calling
+``strategy.start(grid=..., initial_arrays=..., num_rounds=..., evaluate_fn=...)``,
+in the Deployment Engine or the Simulation Engine. What changes:
+
+* replies are checked before anything is computed (layout, npy buffers,
+  example counts; any exception while reading one is "malformed reply"), and
+  every rejection is counted by reason in the round's metrics;
+* the accepted replies are aggregated by a robust rule straight from their
+  buffers (``aggregation.RowStack``: no decode, no stacking copy), the arrays
+  of any ``ArrayRecord`` layout as one flat vector; example counts are ignored
+  except by ``mean``; stateful rules keep their state across rounds;
+* waits are bounded (``round_timeout``), a round needs a quorum (the rule's
+  minimum for ``f`` and ``min_train_nodes``) and gives stragglers ``grace``
+  seconds, a failed attempt is retried (``max_attempts``), a failed
+  aggregation is a failed attempt, never a crash;
+* with ``checkpoint_dirs`` every round is checkpointed, signed and
+  quorum-replicated, and ``start`` resumes from the newest round verified in
+  a quorum of replicas, so a killed run continues where it stopped;
+* with ``release`` the global model is exported (the user's hook), checked in
+  onnxruntime, signed and handed to the fog brokers.
+
+Under ``fogline coordinator --app`` the supervisor's settings (``settings``)
+override rule, f, checkpoints, release and node identities.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from runtime.errors import FoglineError, LocalViolation
+from runtime.security import Identity
+
+from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule
+from .layout import (CLIENT_ERROR, DUPLICATE_REPLY, MALFORMED, MAX_EXAMPLES, NO_ARRAYS, UNEXPECTED_REPLY,
+                     Layout, check_arrays, check_count, stack_rows)
+from .policy import CheckpointPolicy, rounds_between_checkpoints, should_checkpoint
+from .release import Release, ReleaseError, build_release, check_onnx, export_onnx, version_for, write_release
+from .rounds import Wait, wait_decision
+from .selection import SelectionPolicy, explain, select_clients
+from .settings import FATAL_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
+from .store import Checkpoint, CheckpointStore, QuorumError, atomic_write
+from .supernodes import KeyBook, devices_of
+
+__all__ = ["RobustStrategy", "Release", "RunFailed", "CHECKPOINT_KEY"]
+
+log = logging.getLogger("fogline.strategy")
+CHECKPOINT_KEY = "checkpoint.key"  # default signing key, in the first checkpoint directory
+LOCK_FILE = ".coordinator.lock"
+POLL_S = 0.2
+
+
+class RunFailed(FoglineError):
+    """Bad input stopped the run (f too large for the clients, an export hook, a checkpoint quorum)."""
+
+
+def _slug(reason: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in reason.lower()).strip("-")
+
+
+def _median_metrics(contents: Sequence[RecordDict], skip: str) -> dict[str, float]:
+    """Per key, the median of the clients' scalar metrics: one liar cannot drag a loss to -1e9."""
+    values: dict[str, list[float]] = {}
+    for c in contents:
+        for rec in c.metric_records.values():
+            for k, v in rec.items():
+                if k != skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    values.setdefault(k, []).append(float(v))
+    return {k: float(np.median(v)) for k, v in sorted(values.items())}
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What one training attempt sent, to whom, and what came back."""
+
+    server_round: int
+    number: int
+    sent: dict[int, str] = field(default_factory=dict)          # node id -> device id
+    refused: dict[int, str] = field(default_factory=dict)       # node id -> reason (before sending)
+    rejected: dict[str, str] = field(default_factory=dict)      # device -> reason
+    accepted: list[str] = field(default_factory=list)
+    failure: str = ""
+    answered: int = 0
+
+
+class RobustStrategy(Strategy):
+    """Byzantine-robust, checkpointed, releasing drop-in for Flower's ``FedAvg``.
+
+    ``rule`` is a rule of ``cloud_coordinator.aggregation`` (``preaggregator`` an
+    optional ``+``-joined prefix such as ``"nnm"``); ``f`` the Byzantine clients to
+    tolerate. A round waits at most ``round_timeout`` seconds per attempt, for at
+    least ``max(min_train_nodes, rule minimum)`` replies, ``grace`` seconds longer
+    for stragglers once it has them.
+    """
+
+    def __init__(self, rule: str = DEFAULT_RULE, f: int = 1, preaggregator: str | None = None, *,
+                 rule_options: Mapping[str, Any] | None = None,
+                 fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 round_timeout: float = 60.0, grace: float = 5.0, max_attempts: int = 3,
+                 checkpoint_dirs: Sequence[str | Path] = (), checkpoint_mode: str = "every-round",
+                 checkpoint_keep: int = 3, checkpoint_quorum: int | None = None,
+                 signing_key: Identity | str | Path | None = None,
+                 release: Release | None = None, seed: int = 0,
+                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
+                 configrecord_key: str = "config", max_examples: int = MAX_EXAMPLES,
+                 node_devices: Mapping[str, str] | None = None,
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 work_dir: str | Path | None = None) -> None:
+        self.rule = f"{preaggregator}+{rule}" if preaggregator else rule
+        self.f = f
+        self.rule_options = dict(rule_options or {})
+        self.fraction_train = fraction_train
+        self.fraction_evaluate = fraction_evaluate
+        self.min_train_nodes = min_train_nodes
+        self.min_evaluate_nodes = min_evaluate_nodes
+        self.min_available_nodes = min_available_nodes
+        self.round_timeout = round_timeout
+        self.grace = grace
+        self.max_attempts = max_attempts
+        self.checkpoint_dirs = tuple(Path(d) for d in checkpoint_dirs)
+        self.checkpoint_mode = checkpoint_mode
+        self.checkpoint_keep = checkpoint_keep
+        self.checkpoint_quorum = checkpoint_quorum
+        self.signing_key = signing_key
+        self.release = release
+        self.seed = seed
+        self.weighted_by_key = weighted_by_key
+        self.arrayrecord_key = arrayrecord_key
+        self.configrecord_key = configrecord_key
+        self.max_examples = max_examples
+        self.node_devices = dict(node_devices) if node_devices is not None else None  # key id -> device
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
+        self.work_dir = Path(work_dir) if work_dir else None
+        self.settings: Settings | None = None
+        self._selection: tuple[Path, dict[str, bytes], dict[str, str], SelectionPolicy] | None = None
+        self._aggregator = self._build_aggregator()  # bad rule names and options fail here, at once
+        self._layout: Layout | None = None
+        self._base: np.ndarray | None = None
+        self._attempt: _Attempt | None = None
+        self._eval_sent: dict[int, str] = {}
+        self._devices: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ configuration
+
+    def _build_aggregator(self) -> Aggregator:
+        if not 0.0 <= self.fraction_train <= 1.0 or not 0.0 <= self.fraction_evaluate <= 1.0:
+            raise LocalViolation("fraction_train and fraction_evaluate must be in [0, 1]")
+        if self.round_timeout <= 0 or self.grace < 0 or self.max_attempts < 1:
+            raise LocalViolation("round_timeout must be > 0, grace >= 0, max_attempts >= 1")
+        return get_rule(self.rule, self.f, seed=self.seed, **self.rule_options)
+
+    @property
+    def quorum(self) -> int:
+        """Replies a round needs: ``min_train_nodes``, and never fewer than the rule needs for ``f``."""
+        return max(self.min_train_nodes, self._aggregator.min_clients, 1)
+
+    def apply_settings(self, s: Settings) -> None:
+        """Let ``fogline coordinator``'s settings override the constructor (see ``settings``)."""
+        self.settings = s
+        self.work_dir = Path(s.work_dir)
+        if s.rule is not None:
+            self.rule = s.rule
+        if s.f is not None:
+            self.f = s.f
+        for name in ("round_timeout", "grace", "min_train_nodes", "seed"):
+            if getattr(s, name) is not None:
+                setattr(self, name, getattr(s, name))
+        if s.checkpoint_dirs:
+            self.checkpoint_dirs = tuple(Path(d) for d in s.checkpoint_dirs)
+            self.checkpoint_quorum, self.checkpoint_keep, self.checkpoint_mode = s.quorum, s.keep, s.checkpoint_mode
+        if s.signing_key:
+            self.signing_key = Identity.load(s.signer, s.signing_key)
+        if s.export:
+            base = self.release
+            self.release = Release(s.release_name or (base.name if base else "model"), s.export,
+                                   s.release_every or (base.every if base else 1),
+                                   s.input_shape or (base.input_shape if base else None))
+        elif self.release is not None and (s.release_name or s.release_every):
+            self.release = Release(s.release_name or self.release.name, self.release.export,
+                                   s.release_every or self.release.every, self.release.input_shape)
+        if s.supernodes:
+            self.node_devices = KeyBook(s.supernodes).by_key_id()
+        if s.summaries_dir and s.fog_keys:
+            self._selection = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
+                               dict(s.fog_sites), SelectionPolicy(battery_floor=s.battery_floor))
+        self._aggregator = self._build_aggregator()
+
+    def summary(self) -> None:
+        log.info("\t├──> RobustStrategy: %s, f=%d, quorum %d, timeout %.0f s (+%.0f s grace), %d attempts",
+                 describe(self.rule), self.f, self.quorum, self.round_timeout, self.grace, self.max_attempts)
+        log.info("\t├──> Sampling: train %.2f | evaluate %.2f", self.fraction_train, self.fraction_evaluate)
+        log.info("\t└──> Checkpoints: %s; release: %s",
+                 ", ".join(map(str, self.checkpoint_dirs)) or "none",
+                 f"{self.release.name} every {self.release.every}" if self.release else "none")
+
+    def config_hash(self, layout: Layout, train_config: ConfigRecord | None = None) -> str:
+        """What determines the trained model; a checkpoint of another hash is never resumed."""
+        ident = {"rule": self.rule, "f": self.f, "options": sorted((k, repr(v)) for k, v in self.rule_options.items()),
+                 "seed": self.seed, "layout": layout.digest(),
+                 "config": sorted((k, repr(v)) for k, v in (train_config or {}).items())}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ------------------------------------------------------------------ nodes
+
+    def _node_map(self, grid: Grid) -> tuple[dict[int, str], dict[int, str]]:
+        """Connected nodes -> device ids (authenticated keys when known), and refused nodes."""
+        if self.node_devices is None:
+            nodes = [(int(n), b"") for n in grid.get_node_ids()]
+        else:
+            nodes = [(int(n.node_id), bytes(n.public_key)) for n in grid.get_nodes()]
+        devices, refused = devices_of(nodes, self.node_devices)
+        self._devices.update(devices)
+        return devices, refused
+
+    def _eligible(self, server_round: int, devices: dict[int, str]) -> tuple[dict[int, str], dict[str, str]]:
+        """Energy-aware selection from verified fleet summaries (everyone when there are none)."""
+        if self._selection is None:
+            return devices, {}
+        from .summaries import read_summaries
+
+        folder, keys, sites, policy = self._selection
+        fleet = read_summaries(folder, keys, sites)
+        if not fleet:
+            return devices, {}
+        sel = select_clients(fleet, time.time(), policy, np.random.default_rng([self.seed, server_round]))
+        log.info("round %d selection: %s", server_round, explain(sel))
+        chosen = set(sel.selected)
+        return ({n: d for n, d in devices.items() if d in chosen},
+                {d: why for d, why in sel.reasons.items() if why != "selected"})
+
+    # ------------------------------------------------------------------ Flower API: training
+
+    def prepare(self, arrays: ArrayRecord) -> None:
+        """Fix the global model of the round about to be configured (layout, flat base)."""
+        layout = Layout.of(arrays)
+        if self._layout is not None and layout != self._layout:
+            raise LocalViolation("the global arrays changed layout between rounds")
+        self._layout = layout
+        self._base = layout.flat(arrays)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Sample nodes (seeded, at least the quorum), one Message each with the arrays and config."""
+        if self.fraction_train == 0.0:
+            return []
+        self.prepare(arrays)
+        number = 1 if self._attempt is None or self._attempt.server_round != server_round else (
+            self._attempt.number + 1)
+        att = _Attempt(server_round, number)
+        self._attempt = att
+        devices, att.refused = self._node_map(grid)
+        eligible, _ = self._eligible(server_round, devices)
+        nodes = sorted(eligible)
+        k = min(len(nodes), max(math.ceil(self.fraction_train * len(nodes)), self.quorum))
+        rng = np.random.default_rng([self.seed, server_round, number])
+        picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
+        att.sent = {n: eligible[n] for n in picked}
+        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
+        ttl = max(self.round_timeout + self.grace + 30.0, 60.0)
+        return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(server_round),
+                        ttl=ttl) for n in picked]
+
+    def _read_reply(self, msg: Message, layout: Layout, seen: set[int]) -> tuple[int, str, list[np.ndarray], float] | str:
+        """(node, device, zero-copy views, example count) of a usable reply, or the reason it is not."""
+        att = self._attempt
+        node = int(msg.metadata.src_node_id)
+        if att is not None and node not in att.sent:
+            return UNEXPECTED_REPLY
+        if node in seen:
+            return DUPLICATE_REPLY
+        seen.add(node)
+        if msg.has_error():
+            return CLIENT_ERROR
+        content = msg.content
+        records = content.array_records
+        if len(records) != 1:
+            return NO_ARRAYS if not records else MALFORMED
+        views = check_arrays(layout, next(iter(records.values())))
+        if isinstance(views, str):
+            return views
+        count: float | str = 0.0
+        for rec in content.metric_records.values():
+            if self.weighted_by_key in rec:
+                count = check_count(rec[self.weighted_by_key], self.max_examples)
+        if isinstance(count, str):
+            return count
+        device = att.sent[node] if att is not None else self._devices.get(node, f"node-{node}")
+        return node, device, views, count
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Check every reply, aggregate the accepted ones robustly; (None, metrics) when the attempt fails."""
+        if self._layout is None or self._base is None:
+            raise LocalViolation("aggregate_train before configure_train (or prepare)")
+        layout, base = self._layout, self._base
+        att = self._attempt if self._attempt is not None and self._attempt.server_round == server_round else (
+            _Attempt(server_round, 1))
+        att.rejected, att.accepted, att.failure = {}, [], ""
+        good: list[tuple[str, int, list[np.ndarray], float, RecordDict]] = []
+        seen: set[int] = set()
+        n_replies = 0
+        for msg in replies:
+            n_replies += 1
+            try:
+                got = self._read_reply(msg, layout, seen)
+            except Exception as exc:  # noqa: BLE001 - a peer's reply must never end the round loop
+                log.warning("reply from node %s: %s: %s", getattr(msg.metadata, "src_node_id", "?"),
+                            type(exc).__name__, exc)
+                got = MALFORMED
+            if isinstance(got, str):
+                node = getattr(msg.metadata, "src_node_id", 0)
+                who = (att.sent.get(int(node)) if att.sent else None) or f"node-{node}"
+                att.rejected[who if who not in att.rejected else f"{who}#{len(att.rejected)}"] = got
+                continue
+            node, device, views, count = got
+            good.append((device, node, views, count, msg.content))
+        att.answered = n_replies
+        good.sort(key=lambda g: (g[0], g[1]))  # device-id order: arrival order never matters
+        metrics = self._round_metrics(att, len(good), n_replies)
+        if len(good) < self.quorum:
+            att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} usable replies, "
+                           f"got {len(good)} of {n_replies}")
+            metrics["failed"] = 1
+            return None, MetricRecord(metrics)
+        stack = stack_rows(g[2] for g in good)
+        weights = np.array([g[3] for g in good]) if self._aggregator.name.split("+")[-1] == "mean" else None
+        if weights is not None and not weights.sum() > 0:
+            weights = None
+        try:
+            res = self._aggregator.aggregate(stack, weights, base=base)
+            new = base + res.update
+            if not np.isfinite(new).all():
+                raise AggregationError("the aggregate is not finite")
+        except (AggregationError, ArithmeticError, ValueError, MemoryError) as exc:
+            att.failure = f"aggregation failed: {exc}"
+            log.warning("round %d: %s", server_round, att.failure)
+            metrics["failed"] = 1
+            return None, MetricRecord(metrics)
+        for i, why in res.rejected.items():
+            att.rejected[good[i][0]] = why
+        att.accepted = [good[i][0] for i in res.selected]
+        metrics = self._round_metrics(att, len(good), n_replies)
+        arrays = ArrayRecord({name: Array(a) for name, a in zip(layout.names, layout.split(new))})
+        contents = [good[i][4] for i in res.selected]
+        try:
+            extra = (dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key))
+                     if self.train_metrics_aggr_fn else _median_metrics(contents, self.weighted_by_key))
+        except Exception as exc:  # noqa: BLE001 - user metric code must not lose the round
+            log.warning("train metrics aggregation failed: %s", exc)
+            extra = {}
+        return arrays, MetricRecord({**extra, **metrics})
+
+    def _round_metrics(self, att: _Attempt, usable: int, replies: int) -> dict[str, int]:
+        out: dict[str, int] = {"replies": replies, "usable": usable, "accepted": len(att.accepted),
+                               "rejected": len(att.rejected), "attempt": att.number,
+                               "refused-nodes": len(att.refused)}
+        for why, n in Counter(att.rejected.values()).items():
+            out[f"rejected-{_slug(why)}"] = n
+        return out
+
+    # ------------------------------------------------------------------ Flower API: evaluation
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0:
+            return []
+        devices, _ = self._node_map(grid)
+        nodes = sorted(devices)
+        k = min(len(nodes), max(math.ceil(self.fraction_evaluate * len(nodes)), self.min_evaluate_nodes))
+        rng = np.random.default_rng([self.seed, server_round, 0xE7A1])
+        picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
+        self._eval_sent = {n: devices[n] for n in picked}
+        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
+        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(server_round),
+                        ttl=max(self.round_timeout + 30.0, 60.0)) for n in picked]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Median of the clients' evaluation metrics (robust), plus how many answered."""
+        ok: list[RecordDict] = []
+        bad = 0
+        for msg in replies:
+            try:
+                if msg.has_error() or int(msg.metadata.src_node_id) not in self._eval_sent:
+                    bad += 1
+                    continue
+                ok.append(msg.content)
+            except Exception:  # noqa: BLE001
+                bad += 1
+        if not ok:
+            return None
+        try:
+            out = (dict(self.evaluate_metrics_aggr_fn(ok, self.weighted_by_key))
+                   if self.evaluate_metrics_aggr_fn else _median_metrics(ok, self.weighted_by_key))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("evaluate metrics aggregation failed: %s", exc)
+            out = {}
+        return MetricRecord({**out, "replies": len(ok), "rejected": bad})
+
+    # ------------------------------------------------------------------ the round loop
+
+    def _collect(self, grid: Grid, messages: list[Message], need: int,
+                 timeout: float) -> list[Message]:
+        """Push, then poll until everyone answered, or a quorum plus grace, or the deadline."""
+        if not messages:
+            return []
+        ids = list(grid.push_messages(messages))
+        pending = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
+        sent = len(pending)
+        got: list[Message] = []
+        ok = 0
+        t0 = time.monotonic()
+        quorum_at: float | None = None
+        while pending:
+            for msg in grid.pull_messages(list(pending)):
+                if pending.pop(msg.metadata.reply_to_message_id, None) is None:
+                    continue
+                got.append(msg)
+                ok += 0 if msg.has_error() else 1
+            now = time.monotonic()
+            if quorum_at is None and ok >= need:
+                quorum_at = now
+            verdict = wait_decision(sent, sent - len(pending), ok, need, now - t0,
+                                    None if quorum_at is None else now - quorum_at, timeout, self.grace)
+            if verdict is not Wait.WAIT:
+                break
+            time.sleep(POLL_S)
+        return got
+
+    def _wait_nodes(self, grid: Grid, need: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (have := len(list(grid.get_node_ids()))) < need and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return have
+
+    def _store(self) -> CheckpointStore | None:
+        if not self.checkpoint_dirs:
+            return None
+        ident = self.signing_key
+        if ident is None:
+            ident = Identity.load_or_create("coordinator", self.checkpoint_dirs[0] / CHECKPOINT_KEY)
+        elif not isinstance(ident, Identity):
+            ident = Identity.load("coordinator", ident)
+        self.signing_key = ident
+        policy = CheckpointPolicy(mode=self.checkpoint_mode, keep=self.checkpoint_keep, quorum=self.checkpoint_quorum)
+        store = CheckpointStore(self.checkpoint_dirs, policy, identity=ident)
+        if len(self.checkpoint_dirs) == 1:
+            log.warning("checkpoints in one directory: no replica guards against a lost or forged file")
+        return store
+
+    def _fail(self, text: str) -> RunFailed:
+        """Record a run-stopping bad input for the supervisor (one line) and return the error."""
+        if self.work_dir is not None:
+            try:
+                self.work_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write(self.work_dir / FATAL_FILE, json.dumps({"error": text, "at": time.time()}).encode())
+            except OSError as exc:
+                log.error("cannot record the failure in %s: %s", self.work_dir, exc)
+        log.error("%s", text)
+        return RunFailed(text)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run (or resume) ``num_rounds`` rounds; Flower's ``Result`` with every round's metrics."""
+        lock = -1
+        try:
+            lock = self._begin(grid)
+            num_rounds = self.settings.rounds or num_rounds if self.settings is not None else num_rounds
+            return self._run(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+        finally:
+            if lock >= 0:
+                os.close(lock)
+
+    def _begin(self, grid: Grid) -> int:
+        """Apply the supervisor's settings (if any) and lock the work directory against a stale run."""
+        try:
+            s = settings_for(getattr(grid.run, "override_config", None))
+        except Exception as exc:  # noqa: BLE001 - a grid without a run (tests) has no settings
+            if isinstance(exc, LocalViolation):
+                raise
+            s = None
+        if s is not None:
+            self.apply_settings(s)
+        if self.work_dir is None and self.checkpoint_dirs:
+            self.work_dir = self.checkpoint_dirs[0]
+        if self.work_dir is None:
+            return -1
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.work_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + 60.0
+        while True:  # one run per work directory: a stale ServerApp still dying must not write over us
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RunFailed(f"{self.work_dir} is locked by another coordinator run") from None
+                time.sleep(0.5)
+
+    def _run(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
+             train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
+             evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None) -> Result:
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        t_start = time.monotonic()
+        layout = Layout.of(initial_arrays)
+        chash = self.config_hash(layout, train_config)
+        try:
+            store = self._store()
+        except FoglineError as exc:
+            raise self._fail(f"checkpoints: {exc}") from None
+        result = Result(arrays=initial_arrays)
+        history: list[dict[str, Any]] = []
+        arrays = initial_arrays
+        start_round, restarts, resumed_from, skipped = 1, 0, 0, []
+        resume_s = 0.0
+        if store is not None:
+            t0 = time.monotonic()
+            ckpt, scan = store.load_latest(chash)
+            skipped = [f"replica {e.replica} round {e.server_round}: {e.reason}" for e in scan.skipped]
+            for line in skipped:
+                log.warning("skipped checkpoint %s", line)
+            if ckpt is not None:
+                arrays = self._arrays_from(ckpt, layout)
+                self._aggregator.load_state_dict(ckpt.aggregator_state)
+                history = [dict(h) for h in ckpt.history]
+                start_round = ckpt.server_round + 1
+                restarts = int(ckpt.extra.get("restarts", 0)) + (1 if start_round <= num_rounds else 0)
+                resumed_from = ckpt.server_round
+                result.arrays = arrays
+                log.info("resuming after round %d (config %s)", ckpt.server_round, chash)
+            resume_s = time.monotonic() - t0
+        for h in history:
+            self._restore_metrics(result, h)
+        if self.release is not None:
+            try:
+                self._check_release(arrays)
+            except ReleaseError as exc:
+                raise self._fail(str(exc)) from None
+        if evaluate_fn is not None and start_round == 1:
+            res0 = evaluate_fn(0, arrays)
+            if res0 is not None:
+                result.evaluate_metrics_serverapp[0] = res0
+        round_s: list[float] = []
+        ckpt_s: list[float] = []
+        releases: list[dict[str, Any]] = []
+        last_ckpt = start_round - 1
+        wait = min(self.round_timeout, timeout)
+        for rnd in range(start_round, num_rounds + 1):
+            r0 = time.monotonic()
+            entry: dict[str, Any] = {"round": rnd}
+            new_arrays, train_metrics = self._train_round(grid, rnd, arrays, train_config, wait, entry)
+            if new_arrays is not None:
+                arrays = new_arrays
+                result.arrays = arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = train_metrics
+                entry["train"] = dict(train_metrics)
+            eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(dict(evaluate_config)), grid))
+            if eval_msgs:
+                agg_eval = self.aggregate_evaluate(rnd, self._collect(grid, eval_msgs, self.min_evaluate_nodes, wait))
+                if agg_eval is not None:
+                    result.evaluate_metrics_clientapp[rnd] = agg_eval
+                    entry["evaluate"] = dict(agg_eval)
+            if evaluate_fn is not None:
+                res = evaluate_fn(rnd, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[rnd] = res
+                    entry["server"] = dict(res)
+            history.append(entry)
+            round_s.append(time.monotonic() - r0)
+            if store is not None:
+                every = rounds_between_checkpoints(store.policy, float(np.mean(round_s)),
+                                                   float(np.mean(ckpt_s)) if ckpt_s else None, restarts,
+                                                   float(sum(round_s)))
+                if should_checkpoint(rnd, last_ckpt, num_rounds, every):
+                    try:
+                        saved = store.save(self._checkpoint(rnd, arrays, chash, history, restarts, round_s))
+                    except QuorumError as exc:
+                        raise self._fail(f"stopping: {exc}; the run resumes from round {last_ckpt}") from None
+                    ckpt_s.append(saved.seconds)
+                    last_ckpt = rnd
+            if self.release is not None and self.release.due(rnd, num_rounds):
+                rel = self._publish_release(rnd, arrays, entry)
+                if rel is not None:
+                    releases.append(rel)
+            log.info("round %d: %s", rnd, {k: v for k, v in entry.items() if k in ("accepted", "skipped", "server")})
+        if self.work_dir is not None:
+            doc = {"config_hash": chash, "rounds": num_rounds, "rounds_done": num_rounds,
+                   "resumed_from": resumed_from, "history": history, "round_s": round_s, "checkpoint_s": ckpt_s,
+                   "resume_s": resume_s, "skipped_checkpoints": skipped, "releases": releases,
+                   "wall_s": time.monotonic() - t_start, "finished_at": time.time(), "done": True}
+            atomic_write(self.work_dir / REPORT_FILE, json.dumps(doc, indent=1, default=float).encode())
+        return result
+
+    def _train_round(self, grid: Grid, rnd: int, arrays: ArrayRecord, train_config: ConfigRecord,
+                     wait: float, entry: dict[str, Any]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Up to ``max_attempts`` attempts; a round that cannot aggregate keeps the model and goes on."""
+        metrics: MetricRecord | None = None
+        failures: list[str] = []
+        for number in range(1, self.max_attempts + 1):
+            have = self._wait_nodes(grid, max(self.quorum, self.min_available_nodes), wait)
+            msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
+            att = self._attempt
+            assert att is not None
+            if len(msgs) < self.quorum:
+                att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} clients, "
+                               f"{len(msgs)} eligible of {have} connected")
+                failures.append(att.failure)
+                log.warning("round %d attempt %d: %s", rnd, number, att.failure)
+                continue
+            replies = self._collect(grid, msgs, self.quorum, wait)
+            new, metrics = self.aggregate_train(rnd, replies)
+            entry.update({"clients": sorted(att.sent.values()), "accepted": att.accepted,
+                          "rejected": dict(att.rejected), "attempt": number,
+                          "refused_nodes": {str(k): v for k, v in att.refused.items()},
+                          "no_reply": sorted(set(att.sent.values()) - set(att.accepted) - set(att.rejected))})
+            if new is not None:
+                return new, metrics
+            failures.append(att.failure)
+            log.warning("round %d attempt %d failed: %s", rnd, number, att.failure)
+        last = self._attempt
+        if last is not None and last.answered < self.quorum and not last.rejected:
+            # Too few clients even answered for this rule and f: that is the configuration, not an attack.
+            raise self._fail(f"round {rnd}: {failures[-1]}; lower f, use another rule or add clients")
+        entry["skipped"] = failures[-1] if failures else "no attempt"
+        log.error("round %d skipped, the model is unchanged: %s", rnd, entry["skipped"])
+        return None, metrics
+
+    # ------------------------------------------------------------------ checkpoints and releases
+
+    def _checkpoint(self, rnd: int, arrays: ArrayRecord, chash: str, history: list[dict[str, Any]],
+                    restarts: int, round_s: list[float]) -> Checkpoint:
+        layout = Layout.of(arrays)
+        flat = layout.flat(arrays)
+        weights = tuple(layout.split(flat))
+        return Checkpoint(rnd, weights, chash, self._aggregator.state_dict(), {"seed": self.seed},
+                          tuple(json.loads(json.dumps(h, default=float)) for h in history),
+                          {"restarts": restarts, "elapsed_s": float(sum(round_s))}, layout.names)
+
+    @staticmethod
+    def _arrays_from(ckpt: Checkpoint, layout: Layout) -> ArrayRecord:
+        names = ckpt.names or layout.names
+        if tuple(names) != layout.names:
+            raise LocalViolation("checkpoint arrays do not match the model layout")
+        return ArrayRecord({n: Array(np.asarray(w).astype(np.dtype(dt), order="C"))
+                            for n, w, dt in zip(names, ckpt.weights, layout.dtypes)})
+
+    @staticmethod
+    def _restore_metrics(result: Result, h: Mapping[str, Any]) -> None:
+        rnd = int(h["round"])
+        for key, target in (("train", result.train_metrics_clientapp), ("evaluate", result.evaluate_metrics_clientapp),
+                            ("server", result.evaluate_metrics_serverapp)):
+            if isinstance(h.get(key), dict):
+                target[rnd] = MetricRecord({k: v for k, v in h[key].items() if isinstance(v, (int, float))})
+
+    def _check_release(self, arrays: ArrayRecord) -> None:
+        assert self.release is not None
+        blob = export_onnx(self.release.hook(), arrays)
+        check_onnx(blob, self.release.input_shape)
+
+    def _publish_release(self, rnd: int, arrays: ArrayRecord, entry: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Export, check, sign and write the release; a failure is logged, training goes on."""
+        assert self.release is not None
+        try:
+            blob = export_onnx(self.release.hook(), arrays)
+            info = check_onnx(blob, self.release.input_shape)
+        except ReleaseError as exc:
+            log.error("round %d: release skipped: %s", rnd, exc)
+            return {"round": rnd, "error": str(exc)}
+        if self.work_dir is None:
+            self.work_dir = self.checkpoint_dirs[0] if self.checkpoint_dirs else Path.cwd() / "fogline-run"
+        ident = self.signing_key
+        if not isinstance(ident, Identity):
+            ident = (Identity.load("coordinator", ident) if ident is not None else
+                     Identity.load_or_create("coordinator", self.work_dir / CHECKPOINT_KEY))
+            self.signing_key = ident
+        out = self.work_dir / RELEASES_DIR
+        version = version_for(out, self.release.name, rnd)
+        server = entry.get("server") or {}
+        meta = {"round": str(rnd), **{str(k): str(v) for k, v in self.release.metadata.items()},
+                **({"accuracy": f"{float(server['accuracy']):.4f}"} if "accuracy" in server else {})}
+        rel = build_release(blob, ident, self.release.name, version, meta)
+        path = write_release(out, rel)
+        log.info("released %s v%d (%s, %d bytes)", rel.workload, version, rel.sha256[:12], len(blob))
+        return {"round": rnd, "version": version, "sha256": rel.sha256, "path": str(path), "bytes": len(blob),
+                "signer": rel.signer, "inputs": info["inputs"]}
+

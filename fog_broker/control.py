@@ -1,0 +1,213 @@
+"""Requests from people and programs: who may ask (pinned keys, role rights) and what a request does.
+
+Every request on ``fog/CTL`` (``status`` included) and on ``fog/INFER`` is an
+envelope signed by an identity the site issued (``fogline operators add``),
+fresh (timestamp window, per-sender replay window) and within the signer's
+role (``trust.CONTROL_RIGHTS``); keys are never read from a request. Replies
+go only to the signer's own reply topic, sealed by the fog.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import re
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Mapping
+
+from runtime.errors import DecodeError, RemoteViolation, SecurityError
+from runtime.messages import ControlReply, ControlRequest, Envelope
+from runtime.security import TrustStore, Verifier
+
+from .placement.model import Quota, SpecError, Workload
+from .trust import deploy_ref_allowed, may_control
+from .ratelimit import RateLimit
+
+if TYPE_CHECKING:
+    from .service import FogService
+
+__all__ = ["ControlPlane", "json_default", "MAX_REQUEST_BYTES"]
+
+MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
+
+log = logging.getLogger("fog_broker.control")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+class ControlPlane:
+    """Verifies and runs control requests on the service's owner thread."""
+
+    def __init__(self, svc: "FogService") -> None:
+        self.svc = svc
+        self.keys = TrustStore()          # operators, coordinators, apps: name -> signing key
+        self.roles: dict[str, str] = {}
+        self.verifier = Verifier(self.keys, max_size=MAX_REQUEST_BYTES)
+        self.counters: Counter[str] = Counter()
+        self._refusals = RateLimit(20.0, 40.0)
+
+    def set_identities(self, identities: Mapping[str, tuple[str, bytes]]) -> None:
+        """Replace who may sign requests (name -> (role, key)); called when trust.db changes."""
+        for name in list(self.roles):
+            if name not in identities:
+                self.keys.remove(name)
+                self.verifier.forget(name)
+                del self.roles[name]
+        for name, (role, key) in identities.items():
+            if self.keys.key_bytes(name) != key:
+                self.keys.enroll(name, key)
+                self.verifier.forget(name)
+            self.roles[name] = role
+
+    def open_request(self, env: Any, action: str | None = None) -> Any:
+        """The verified request inside ``env`` (None: refused and counted); ``action`` checks a right."""
+        if not isinstance(env, Envelope):
+            self.counters["rejected:unsigned"] += 1
+            log.warning("unsigned request refused (sign it with credentials from `fogline operators add`)")
+            return None
+        if env.sender not in self.keys:
+            self.svc.sync_trust()  # issued a moment ago? (cheap unless trust.db changed)
+        try:
+            inner = self.verifier.check(env, time.time())
+        except (SecurityError, DecodeError) as exc:
+            reason = getattr(exc, "reason", "malformed")
+            self.counters[f"rejected:{reason}"] += 1
+            log.warning("request from %s refused: %s", env.sender[:64], exc)
+            self._refuse(env.sender, f"request refused: {reason}")
+            return None
+        if action is not None and not may_control(self.roles.get(env.sender, ""), action):
+            self.counters["rejected:no right"] += 1
+            log.warning("%s (%s) may not %s; refused", env.sender, self.roles.get(env.sender), action)
+            self._refuse(env.sender, f"{env.sender} ({self.roles.get(env.sender, 'unknown')}) may not {action}")
+            return None
+        return inner
+
+    def _refuse(self, sender: str, why: str) -> None:
+        """Tell the named sender, on its own reply topic (only it can read that), why nothing happened:
+        a request whose payload we never decoded has no id, so the reply's id is empty. Rate-limited."""
+        if not _NAME.match(sender) or not self._refusals.take(time.monotonic()):
+            return
+        self.svc.publish_signed(self.svc.topics.reply(sender), ControlReply("", False, b"", why))
+
+    def handle(self, env: Any, at: float) -> None:
+        svc = self.svc
+        inner = self.open_request(env)
+        if inner is None:
+            return
+        if not isinstance(inner, ControlRequest):
+            self.counters["rejected:wrong kind"] += 1
+            return
+        if inner.reply_to != svc.topics.reply(env.sender):
+            self.counters["rejected:reply_to"] += 1
+            log.warning("control request from %s names another reply topic; refused", env.sender)
+            return
+        role = self.roles.get(env.sender, "")
+        try:
+            if not may_control(role, inner.action):
+                raise RemoteViolation(f"{env.sender} ({role}) may not {inner.action!r}")
+            body_in = json.loads(inner.body or b"{}")
+            if not isinstance(body_in, dict):
+                raise RemoteViolation("a control request body must be a JSON object")
+            if inner.action == "status":
+                body: Any = svc.status(at, offset=int(body_in.get("offset", 0)), limit=body_in.get("limit"))
+            elif inner.action == "deploy":
+                body = self.deploy(body_in, at)
+            elif inner.action == "delete":
+                body = self.delete(body_in)
+            else:
+                raise RemoteViolation(f"unknown action {inner.action!r}: status, deploy, delete")
+            self.counters[f"ok:{inner.action}"] += 1
+            reply = ControlReply(inner.request_id, True, json.dumps(body, default=json_default).encode())
+        except (RemoteViolation, ValueError, KeyError, TypeError) as exc:
+            self.counters["refused"] += 1
+            reply = ControlReply(inner.request_id, False, b"", str(exc)[:2000])
+        svc.publish_signed(inner.reply_to, reply)
+
+    # ------------------------------------------------------------ actions
+
+    def workload_from(self, d: Mapping[str, Any], profile: Mapping[str, Any] | None) -> Workload:
+        svc = self.svc
+        d = dict(d)
+        model = d.get("model")
+        if isinstance(model, str) and model.startswith("release:"):
+            rel = svc.releases.get(model[len("release:"):])
+            if rel is None:
+                raise RemoteViolation(f"no release of {model[8:]!r} has reached this fog broker yet")
+            d["model"] = rel["model"]
+            profile = None  # the stored profile may be of an older release: profile the current one
+        w = Workload.from_dict(d)
+        if w.model is not None and profile is None:
+            profile = svc.artifacts.profile(w.model)
+        if profile is not None and w.profile is None:
+            from .placement.model import ChainProfile
+            w = Workload(**{**{f: getattr(w, f) for f in w.__dataclass_fields__},
+                            "profile": ChainProfile.from_dict(dict(profile))})
+        return w
+
+    def deploy(self, body: Mapping[str, Any], at: float, *, internal: bool = False) -> dict[str, Any]:
+        svc = self.svc
+        blobs = body.get("blobs") or {}
+        if not isinstance(blobs, dict):
+            raise SpecError("'blobs' must map sha256 to base64 ONNX bytes")
+        uploaded = set()
+        for sha, b64 in blobs.items():
+            try:
+                data = base64.b64decode(b64, validate=True)
+            except (ValueError, TypeError):
+                raise SpecError(f"blob {str(sha)[:12]} is not base64") from None
+            ref = svc.artifacts.store_blob(data, expect_sha=str(sha))
+            uploaded.add(ref[len("file:"):])
+        items = body.get("workloads")
+        if items is None:
+            items = [body.get("workload", body)]
+        if not isinstance(items, list) or not items:
+            raise SpecError("deploy needs a workload or {'workloads': [...]}")
+        parsed = []
+        for d in items:
+            if not isinstance(d, dict):
+                raise SpecError("each workload must be an object")
+            model = d.get("model")
+            if not isinstance(model, str):
+                raise SpecError(f"workload {d.get('name')!r}: the fog broker needs 'model' (zoo:NAME, "
+                                "release:NAME or an uploaded ONNX file) to build partitions")
+            known = svc.artifacts.has_blob(model)
+            if not internal and not deploy_ref_allowed(model, frozenset(uploaded)) and not known:
+                raise SpecError(f"workload {d.get('name')!r}: model must be zoo:NAME, release:NAME or an "
+                                "uploaded file (fogline deploy uploads local .onnx files)")
+            w = self.workload_from(d, None)
+            assert w.profile is not None
+            parsed.append((d, w))
+        quotas = body.get("quotas") or {}
+        qs = {str(t): Quota.from_dict(q, f"quotas.{t}") for t, q in quotas.items()}
+        out = []
+        for d, w in parsed:
+            version = svc.store.put_workload(d, w.profile.to_dict() if w.profile else None, time.time())
+            svc.execute(svc.controller.set_workload(w, version))
+            out.append({"name": w.name, "version": version,
+                        "segments": len(w.profile.segments) if w.profile else 0})
+        if qs:
+            svc.store.put_quotas({t: q.memory_bytes for t, q in qs.items()})
+            svc.controller.set_quotas({t: Quota(m) for t, m in svc.store.quotas().items()})
+        svc.mark_dirty()
+        svc.collect_blobs()
+        return {"deployed": out}
+
+    def delete(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        svc = self.svc
+        name = str(body.get("name", ""))
+        if name not in svc.controller.workloads:
+            raise RemoteViolation(f"no workload named {name!r}")
+        svc.execute(svc.controller.remove_workload(name))
+        svc.store.delete_workload(name)
+        svc.collect_blobs()
+        return {"deleted": name}
+

@@ -1,0 +1,280 @@
+"""Advert ingest: device messages from MQTT to verified, bounded messages for the owner thread.
+
+Threads: the MQTT worker routes each device message to its verify shard (a
+device always maps to the same shard, so its replay window lives in one
+place and its order is kept); each shard batches its queue and checks
+envelopes in its worker process (Ed25519 is the bulk of ingest) or in the
+thread. Only enrolled, approved devices are verified at all: anything from
+an unknown sender is counted and dropped, creating no record and sending
+nothing back (a flood of strangers costs a dictionary lookup each).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from runtime import codec
+from runtime.errors import DecodeError, RemoteViolation, SecurityError
+from runtime.messages import CommandAck, DeviceBirth, DeviceDeath, DeviceState, Envelope
+from runtime.mqtt import Inbound
+from runtime.security import NO_SESSION, OUTSIDE_WINDOW, SessionKeyPair, TrustStore, Verifier
+from runtime.topics import ACK, BIRTH, DEATH, STATE, parse
+
+from ._verify_pool import looks_mac, open_session
+from .trust import bound_birth
+
+__all__ = ["Ingest", "STOP"]
+
+log = logging.getLogger("fog_broker.ingest")
+
+STOP = object()
+Out = list[tuple[Any, ...]]
+
+
+@dataclass
+class _Shard:
+    """One verify shard: its queue, its verifier (threads) or worker process, its own counters."""
+
+    queue: "queue.Queue[Any]"
+    verifier: Verifier
+    worker: Any = None
+    counters: Counter[str] = field(default_factory=Counter)
+    accepted: int = 0
+    sent_keys: dict[str, bytes] = field(default_factory=dict)  # keys the worker process holds
+
+
+class Ingest:
+    """The verify shards; ``on_device`` is the MQTT handler, ``emit`` receives verified batches."""
+
+    def __init__(self, trust: TrustStore, session: SessionKeyPair, emit: Callable[[Any], None], *,
+                 shards: int = 2, processes: bool = False, max_advert_bytes: int = 64 * 1024) -> None:
+        self.trust = trust
+        self.session = session
+        self.emit = emit
+        self.max_advert_bytes = max_advert_bytes
+        self.counters: Counter[str] = Counter()  # MQTT worker thread only
+        self._shards = [_Shard(queue.Queue(maxsize=100_000),
+                               Verifier(trust, sessions=True, max_size=max_advert_bytes))
+                        for _ in range(max(1, shards))]
+        if processes:
+            from ._verify_pool import VerifyWorker
+            for sh in self._shards:
+                sh.worker = VerifyWorker({}, max_size=max_advert_bytes)
+
+    def start(self) -> None:
+        for i, shard in enumerate(self._shards):
+            threading.Thread(target=self._loop, args=(shard,), name=f"fog-verify-{i}", daemon=True).start()
+
+    def stop(self) -> None:
+        for shard in self._shards:
+            shard.queue.put(STOP)
+
+    def forget(self, device_id: str) -> None:
+        """A revoked device: drop its session and replay window (its key is gone from ``trust``)."""
+        for sh in self._shards:
+            sh.queue.put(("forget", device_id))
+
+    # ------------------------------------------------------------ MQTT worker thread
+
+    def on_device(self, m: Inbound) -> None:
+        """Route a device message to its shard; strangers and oversized frames stop here."""
+        try:
+            pt = parse(m.topic)
+        except RemoteViolation:
+            self.counters["rejected:bad topic"] += 1
+            return
+        if len(m.payload) > self.max_advert_bytes:
+            self.counters["rejected:oversized"] += 1
+            return
+        if pt.name not in self.trust:
+            self.counters["rejected:unknown sender"] += 1
+            return
+        shard = self._shards[hash(pt.name) % len(self._shards)]
+        try:
+            shard.queue.put_nowait((m, pt))
+        except queue.Full:
+            self.counters["verify_overflow"] += 1
+
+    # ------------------------------------------------------------ shard threads
+
+    def _loop(self, shard: _Shard) -> None:
+        while True:
+            item = shard.queue.get()
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    batch.append(shard.queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = STOP in batch
+            work = []
+            for it in batch:
+                if it is STOP:
+                    continue
+                if it[0] == "forget":
+                    shard.verifier.forget(it[1])
+                    shard.verifier.drop_session(it[1])
+                    shard.sent_keys.pop(it[1], None)
+                    continue
+                work.append(it)
+            out: Out = []
+            try:
+                if shard.worker is not None:
+                    self._remote(shard, work, out)
+                else:
+                    for m, pt in work:
+                        self._local(shard, m, pt, out)
+            except Exception:  # noqa: BLE001 - never lose the shard to one batch; logged loudly
+                shard.counters["internal_errors"] += 1
+                log.exception("ingest failed for a batch of %d", len(work))
+            if out:
+                self.emit(("batch", out))
+            if stop:
+                if shard.worker is not None:
+                    shard.worker.close()
+                return
+
+    def _death(self, shard: _Shard, m: Inbound, pt: Any, out: Out) -> None:
+        """A device's Will: signed when it connected, so only the signature and the epoch count."""
+        try:
+            env = codec.decode(m.payload, max_size=self.max_advert_bytes)
+            if not isinstance(env, Envelope):
+                raise DecodeError("a death must be a signed envelope")
+            msg = shard.verifier.verify_only(env)
+        except (DecodeError, SecurityError) as exc:
+            shard.counters[f"rejected:{getattr(exc, 'reason', 'malformed')}"] += 1
+            log.debug("bad death on %s: %s", m.topic, exc)
+            return
+        if not isinstance(msg, DeviceDeath) or msg.device_id != pt.name or env.sender != pt.name:
+            shard.counters["rejected:topic mismatch"] += 1
+            return
+        shard.counters["in:DEATH"] += 1
+        out.append(("advert", msg, m.received_at))
+
+    def _accept(self, shard: _Shard, m: Inbound, pt: Any, sender: str, msg: Any, out: Out) -> None:
+        """Checks after a valid signature: topic, sender and kind agree; a birth carries the pinned key."""
+        device_id = getattr(msg, "device_id", None)
+        if sender != pt.name or device_id != pt.name:
+            shard.counters["rejected:topic mismatch"] += 1
+            log.warning("%s: sender %r / device %r do not match the topic", m.topic, sender, device_id)
+            return
+        if pt.leaf == BIRTH and isinstance(msg, DeviceBirth):
+            if msg.public_key != self.trust.key_bytes(pt.name):
+                shard.counters["rejected:key mismatch"] += 1
+                log.warning("%s: birth announces a key other than the enrolled one; refused", pt.name)
+                return
+            msg, flags = bound_birth(msg)
+            if flags:
+                shard.counters["flagged:capacity"] += 1
+                log.warning("%s: birth claims out of bounds (%s); clamped", pt.name, ", ".join(flags))
+                out.append(("flags", pt.name, flags))
+        elif not ((pt.leaf == STATE and isinstance(msg, DeviceState))
+                  or (pt.leaf == ACK and isinstance(msg, CommandAck))):
+            shard.counters["rejected:wrong kind"] += 1
+            return
+        shard.counters[f"in:{pt.leaf}"] += 1
+        out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
+
+    def _rejected(self, shard: _Shard, m: Inbound, pt: Any, reason: str, detail: str, out: Out) -> None:
+        shard.counters[f"rejected:{reason}"] += 1
+        log.debug("rejected %s: %s", m.topic, detail)
+        if reason == NO_SESSION and pt.leaf != BIRTH or reason == OUTSIDE_WINDOW:
+            # an enrolled device we lost the session of, or whose clock is off (it corrects it from
+            # our time hints): ask for a fresh birth, rate-limited by the registry and the service
+            out.append(("rebirth", pt.name, m.received_at))
+
+    def _local(self, shard: _Shard, m: Inbound, pt: Any, out: Out) -> None:
+        if pt.leaf == DEATH:
+            self._death(shard, m, pt, out)
+            return
+        self._open_here(shard, m, pt, time.time(), out)
+
+    def _open_here(self, shard: _Shard, m: Inbound, pt: Any, wall: float, out: Out) -> None:
+        """Full check in this thread: signature or session MAC, timestamp, replay window, decode."""
+        try:
+            env, msg = shard.verifier.open(m.payload, wall)
+        except SecurityError as exc:
+            self._rejected(shard, m, pt, exc.reason, str(exc), out)
+            return
+        self._verified(shard, m, pt, env, msg, out)
+
+    def _verified(self, shard: _Shard, m: Inbound, pt: Any, env: Envelope, msg: Any, out: Out) -> None:
+        if pt.leaf == BIRTH:
+            note = open_session(shard.verifier, self.session, env, msg)
+            if note:
+                shard.counters[note] += 1
+        self._accept(shard, m, pt, env.sender, msg, out)
+
+    def _remote(self, shard: _Shard, batch: list[tuple[Inbound, Any]], out: Out) -> None:
+        """Stateless checks (Ed25519 or session MAC, then decode) in the worker; stateful ones here.
+
+        The batch goes to the worker in one message; results are admitted (timestamp, replay
+        window) here in arrival order, and births (re)key sessions here, so each device's window
+        and session key live in exactly one place and its order is kept.
+        """
+        assert shard.worker is not None
+        items: list[tuple[Any, ...]] = []
+        plan: list[tuple[Inbound, Any, float, bool]] = []
+        rekeyed: set[str] = set()  # devices with a birth earlier in this batch: their session may change
+        for m, pt in batch:
+            if pt.leaf == DEATH:
+                self._death(shard, m, pt, out)
+                continue
+            key = self.trust.key_bytes(pt.name)
+            if key is None:  # revoked since it was routed here
+                shard.counters["rejected:unknown sender"] += 1
+                continue
+            if shard.sent_keys.get(pt.name) != key:
+                items.append(("enroll", pt.name, key))
+                shard.sent_keys[pt.name] = key
+            wall = time.time()
+            remote = True
+            if not looks_mac(m.payload):  # a routing hint only: a frame that lies fails either way
+                items.append(("verify", m.payload))
+            elif pt.name not in rekeyed and (sess := shard.verifier.session(pt.name)) is not None:
+                items.append(("mac", m.payload, pt.name, sess[0], sess[1]))
+            else:
+                remote = False  # no session (or a birth before it in this batch): checked here, in order
+            if pt.leaf == BIRTH:
+                rekeyed.add(pt.name)
+            plan.append((m, pt, wall, remote))
+        results = iter(shard.worker.run(items) if items else ())
+        for m, pt, wall, remote in plan:
+            if not remote:
+                self._open_here(shard, m, pt, wall, out)
+                continue
+            r = next(results)
+            if r[0] != "ok":
+                self._rejected(shard, m, pt, r[1], r[2], out)
+                continue
+            env, msg = r[1], r[2]
+            try:
+                shard.verifier.admit(env, wall)
+            except SecurityError as exc:
+                self._rejected(shard, m, pt, exc.reason, str(exc), out)
+                continue
+            shard.accepted += 1
+            self._verified(shard, m, pt, env, msg, out)
+
+    # ------------------------------------------------------------ counters (any thread)
+
+    def verified(self) -> int:
+        return sum(sh.verifier.accepted + sh.accepted for sh in self._shards)
+
+    def rejections(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for c in [self.counters] + [sh.counters for sh in self._shards]:
+            total.update({k[len("rejected:"):]: v for k, v in c.items() if k.startswith("rejected:")})
+        return total
+
+    def counts(self) -> Counter[str]:
+        """Per-shard counters summed (each shard counts alone: no lost updates between threads)."""
+        total: Counter[str] = Counter(self.counters)
+        for sh in self._shards:
+            total.update(sh.counters)
+        return total

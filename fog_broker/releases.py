@@ -1,0 +1,69 @@
+"""Model releases a fog follows: signed by a pinned coordinator, bound to it, only forward.
+
+``release:NAME`` workloads run the newest accepted release of NAME. The
+decision is ``fog_broker.trust.decide_release``; this module checks the
+artifact signature, keeps ``releases.json`` and the uploaded bytes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from runtime.errors import SecurityError
+from runtime.messages import ModelRelease
+from runtime.security import ArtifactSignature, verify_artifact
+
+from .trust import decide_release
+
+__all__ = ["ReleaseBook"]
+
+log = logging.getLogger("fog_broker.releases")
+
+
+class ReleaseBook:
+    """The accepted releases by name: {version, model ref, signer, metadata}; persisted atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.releases: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            log.error("%s is unreadable; starting with no releases", path)
+            self.releases = {}
+
+    def check(self, msg: ModelRelease, pinned: Mapping[str, bytes]) -> str:
+        """'' when ``msg`` should be accepted, else the counted reason it is not."""
+        known = self.releases.get(msg.workload)
+        verdict = decide_release(msg.workload, msg.version, msg.signer, pinned,
+                                 known["signer"] if known else None, known["version"] if known else None)
+        if not verdict.accept:
+            return verdict.reason
+        try:
+            verify_artifact(pinned[msg.signer], msg.artifact,
+                            ArtifactSignature(msg.sha256, msg.signer, msg.signature, dict(msg.metadata)))
+        except SecurityError as exc:
+            return f"bad signature ({exc.reason})"
+        return ""
+
+    def accept(self, msg: ModelRelease, ref: str) -> None:
+        self.releases[msg.workload] = {"version": msg.version, "model": ref, "signer": msg.signer,
+                                       "metadata": {k: v for k, v in msg.metadata.items() if k != "public_key"}}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.releases, indent=1))
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.releases.get(name)
+
+    def refs(self) -> set[str]:
+        return {r["model"] for r in self.releases.values()}
+
+    def view(self) -> dict[str, Any]:
+        return {n: {**r["metadata"], "version": r["version"], "signer": r["signer"], "model": r["model"]}
+                for n, r in self.releases.items()}

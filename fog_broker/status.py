@@ -1,0 +1,96 @@
+"""What ``fogline status`` shows: a JSON document built from the cores on the owner thread.
+
+Devices are paginated (``offset``/``limit``): a site of thousands of devices
+answers in bounded time and bytes, and ``devices_total`` says how many there
+are. Everything else (workloads, metrics, counters) is small.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .service import FogService
+
+__all__ = ["site_status", "DEFAULT_DEVICE_PAGE", "MAX_DEVICE_PAGE"]
+
+DEFAULT_DEVICE_PAGE = 1000
+MAX_DEVICE_PAGE = 5000
+
+
+def _device_row(svc: "FogService", did: str, now: float) -> dict[str, Any]:
+    rec = svc.registry.devices[did]
+    b, st = rec.birth, rec.state
+    return {
+        "id": did, "alive": rec.alive, "status": rec.status.value, "epoch": rec.epoch,
+        "last_seen_s": round(now - rec.last_seen, 3) if math.isfinite(rec.last_seen) else None,
+        "lost_reason": rec.lost_reason or None,
+        "labels": dict(b.labels) if b else {},
+        "taints": [f"{t.key}={t.value}:{t.effect}" for t in b.taints] if b else [],
+        "memory_bytes": b.memory_bytes if b else None,
+        "free_memory_bytes": st.free_memory_bytes if st else None,
+        "battery_level": st.battery_level if st else None,
+        "charging": st.charging if st else None,
+        "clock_skew_s": st.clock_skew_s if st is not None and st.clock_skew_s is not None else None,
+        "flags": list(svc.flags.get(did, ())),
+        "partitions": [f"{p.workload}/v{p.version}/r{p.replica}/p{p.index}:{p.health}" for p in rec.partitions()],
+    }
+
+
+def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
+    c = svc.controller
+    e = c.workloads[name]
+    reps: dict[int, list[dict[str, Any]]] = {}
+    for a in c.assignments_of(name):
+        reps.setdefault(a.replica, []).append({
+            "index": a.index, "segments": [a.first, a.last], "device": a.device,
+            "phase": a.phase.value, "attempts": a.attempts, "reason": a.reason or None})
+    costs = dict(enumerate(e.replicas))
+    return {
+        "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
+        "priority": e.spec.priority, "replicas": e.spec.replicas,
+        "healthy_replicas": len(c.chains(name)), "model": e.spec.model,
+        "segments": len(e.spec.profile.segments) if e.spec.profile else None,
+        "placement": [{"replica": r, "partitions": parts,
+                       "latency_s": costs[r].latency_s if r in costs else None,
+                       "energy_j": costs[r].energy_j if r in costs else None}
+                      for r, parts in sorted(reps.items())],
+        "reasons": dict(e.reasons), "evicted": name in c.evicted,
+    }
+
+
+def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """The status document; devices sorted by id, ``limit`` of them from ``offset``."""
+    limit = DEFAULT_DEVICE_PAGE if limit is None else max(0, min(int(limit), MAX_DEVICE_PAGE))
+    offset = max(0, int(offset))
+    ids = sorted(svc.registry.devices)
+    page = ids[offset:offset + limit]
+    counts = svc.registry.counts()
+    c = svc.controller
+    pending = {d.device_id: d.state for d in svc.site.db.devices() if d.state != "approved"}
+    counters: Counter[str] = Counter(svc.counters)
+    counters.update(svc.ingest.counts())
+    counters.update({f"control.{k}": v for k, v in svc.control.counters.items()})
+    counters.update({f"controller.{k}": v for k, v in c.counters.items()})
+    counters.update({f"router.{k}": v for k, v in svc.router.counters.items()})
+    counters.update({f"verifier.{k}": v for k, v in svc.ingest.rejections().items()})
+    counters["registry.stale"] = svc.registry.stale
+    counters["verifier.accepted"] = svc.ingest.verified()
+    return {
+        "fog_id": svc.config.fog_id, "site": svc.config.site, "epoch": svc.epoch,
+        "secure": svc.config.tls is not None,
+        "uptime_s": round(now - svc.started_mono, 3), "ready": c.ready,
+        "devices": [_device_row(svc, d, now) for d in page],
+        "devices_total": len(ids), "devices_offset": offset,
+        "enrolment": {"pending": sorted(d for d, s in pending.items() if s == "pending"),
+                      "revoked": sorted(d for d, s in pending.items() if s == "revoked")},
+        "workloads": [_workload_row(svc, n) for n in sorted(c.workloads)],
+        "metrics": {**{k: round(v, 4) for k, v in c.metrics.items()},
+                    "devices_live": counts["live"], "devices_suspect": counts["suspect"],
+                    "devices_dead": counts["dead"]},
+        "quotas": {t: q.memory_bytes for t, q in c.quotas.items()},
+        "releases": svc.releases.view(),
+        "counters": dict(sorted(counters.items())),
+        "recoveries_s": [round(x, 4) for x in c.recoveries[-50:]],
+    }

@@ -1,0 +1,134 @@
+"""Authenticated activations: a fog-signed route ticket, and each hop's signature over what it sends.
+
+The data plane carries inference inputs between devices. Every ``Relay`` frame
+holds the ``RouteTicket`` the fog signed for the attempt (which devices, in
+which order, with which keys), the tensors, and the sender's signature over
+both. A device accepts a frame only when
+
+1. the ticket carries the pinned fog key's signature,
+2. the frame is for one of its own hops, and
+3. it is signed by the hop before it in that ticket (hop 0: by the fog),
+
+and it decodes the tensors only after all three hold. So no enrolled device can
+inject work into another's partition or forge an answer unless it is the
+previous hop of a route the fog issued. Replays die at the ticket's deadline.
+
+Pure: no I/O, no clock (``now`` is a parameter); ``RelayError`` reasons are fixed
+phrases for counters.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from . import codec
+from .errors import DecodeError, SecurityError
+from .messages import Activation, InferenceResult, Relay, RouteTicket, Tensors
+from .security import Identity, Signer
+
+__all__ = ["RelayError", "Sealer", "issue_ticket", "seal", "open_relay", "ticket_of"]
+
+_TICKET_DOMAIN = b"fogline-route-v1\x00"
+_RELAY_DOMAIN = b"fogline-relay-v1\x00"
+_FRAME_OBJECTS = 64        # a Relay is [kind, version, {6 fields}]: 16 objects
+_TICKET_OBJECTS = 8192     # 16 objects a hop: routes of several hundred hops at most
+_LEN = struct.Struct("<Q")
+
+
+class RelayError(SecurityError):
+    """A frame refused on the data plane; ``reason`` is a fixed phrase."""
+
+
+def _relay_bytes(hop: int, sender: str, ticket: bytes, ticket_sig: bytes, tensors: bytes) -> bytes:
+    s = sender.encode()
+    return b"".join((_RELAY_DOMAIN, _LEN.pack(hop), _LEN.pack(len(s)), s, _LEN.pack(len(ticket)), ticket,
+                     ticket_sig, _LEN.pack(len(tensors)), tensors))
+
+
+def issue_ticket(fog: Identity, ticket: RouteTicket) -> tuple[bytes, bytes]:
+    """Encode and sign a route ticket: (ticket bytes, fog signature)."""
+    raw = codec.encode(ticket)
+    return raw, fog.sign(_TICKET_DOMAIN + raw)
+
+
+def seal(sender: Identity, act: Activation) -> bytes:
+    """The wire frame carrying ``act`` to hop ``act.hop``, signed by ``sender``."""
+    tensors = codec.encode(Tensors(act.tensors))
+    sig = sender.sign(_relay_bytes(act.hop, sender.name, act.ticket, act.ticket_sig, tensors))
+    return codec.encode(Relay(act.hop, sender.name, act.ticket, act.ticket_sig, tensors, sig))
+
+
+def _verify(key: bytes, sig: bytes, data: bytes, reason: str) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(key).verify(sig, data)
+    except (InvalidSignature, ValueError):
+        raise RelayError(reason) from None
+
+
+def ticket_of(ticket: bytes, ticket_sig: bytes, fog_key: bytes) -> RouteTicket:
+    """The ticket, once its fog signature holds."""
+    _verify(fog_key, ticket_sig, _TICKET_DOMAIN + ticket, "bad ticket signature")
+    try:
+        t = codec.decode(ticket, max_objects=_TICKET_OBJECTS, max_arrays=0)
+    except DecodeError as exc:
+        raise RelayError("malformed", str(exc)) from None
+    if not isinstance(t, RouteTicket) or len(t.keys) != len(t.route):
+        raise RelayError("malformed", "not a route ticket with one key per hop")
+    return t
+
+
+def open_relay(data: bytes | memoryview, fog_key: bytes, me: str, now: float, *,
+               max_size: int = codec.DEFAULT_MAX_SIZE, max_skew_s: float = 30.0) -> Activation:
+    """Check a frame addressed to device ``me`` and return its activation (see the module doc)."""
+    try:
+        frame = codec.decode(data, max_size=max_size, max_objects=_FRAME_OBJECTS, max_arrays=0)
+    except DecodeError as exc:
+        raise RelayError("malformed", str(exc)) from None
+    if not isinstance(frame, Relay):
+        raise RelayError("malformed", f"expected a relay, got {frame.KIND}")
+    t = ticket_of(frame.ticket, frame.ticket_sig, fog_key)
+    if frame.hop >= len(t.route) or t.route[frame.hop].device_id != me:
+        raise RelayError("not my hop")
+    if frame.hop == 0:
+        if frame.sender != t.fog_id:
+            raise RelayError("wrong sender", "hop 0 comes from the fog")
+        key = fog_key
+    else:
+        if frame.sender != t.route[frame.hop - 1].device_id:
+            raise RelayError("wrong sender", "not the previous hop")
+        key = t.keys[frame.hop - 1]
+    _verify(key, frame.signature,
+            _relay_bytes(frame.hop, frame.sender, frame.ticket, frame.ticket_sig, frame.tensors), "bad signature")
+    if t.deadline and now > t.deadline + max_skew_s:
+        raise RelayError("expired")
+    try:
+        tensors = codec.decode(frame.tensors, max_size=max_size)
+    except DecodeError as exc:
+        raise RelayError("malformed", f"tensors: {exc}") from None
+    if not isinstance(tensors, Tensors):
+        raise RelayError("malformed", "tensors expected")
+    return Activation(t.request_id, t.workload, t.route, frame.hop, t.reply_to, dict(tensors.tensors),
+                      t.deadline, frame.ticket, frame.ticket_sig, t.keys)
+
+
+class Sealer:
+    """What one device sends on the data plane, sealed with its key (thread-safe: executor workers).
+
+    Forwarded activations become ``Relay`` frames; results (and hop errors) become envelopes the
+    fog checks against the device's enrolled key and the attempt's route.
+    """
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self._signer = Signer(identity, 0)  # results are checked by signature and route, not by window
+        self._lock = threading.Lock()
+
+    def relay(self, act: Activation) -> bytes:
+        return seal(self.identity, act)
+
+    def result(self, res: InferenceResult, now: float) -> bytes:
+        with self._lock:
+            return self._signer.seal_bytes(res, now)

@@ -1,0 +1,5 @@
+"""The strategy tests' in-process Grid lives next to them (``_grid``)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
