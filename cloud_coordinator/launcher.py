@@ -37,11 +37,12 @@ from runtime.errors import FoglineError, LocalViolation
 from .settings import FATAL_FILE, REPORT_FILE, SETTINGS_ENV, SETTINGS_KEY
 from .supernodes import SUPERNODES_FILE, KeyBook
 
-__all__ = ["SupervisorOptions", "Supervisor", "flower_env", "RunStopped", "TLS_DIR"]
+__all__ = ["SupervisorOptions", "Supervisor", "flower_env", "RunStopped", "TLS_DIR", "READY_FILE"]
 
 log = logging.getLogger(__name__)
 FLWR_HOME_DIR = ".flwr"
 TLS_DIR = "superlink-tls"
+READY_FILE = "superlink.json"  # written once the SuperLink listens and the authorized keys are registered
 CONNECTION = "fogline"
 
 
@@ -137,7 +138,7 @@ class Supervisor:
         if self.superlink is None and not self.owned and port_open(self.host, self.port):
             log.info("using the SuperLink already at %s:%d", self.host, self.port)
             self._write_connection()
-            self.register_supernodes()
+            self._ready(self.register_supernodes())
             return
         self.generation += 1
         # The same database across restarts: SuperNodes keep their node ids and registrations.
@@ -162,18 +163,32 @@ class Supervisor:
                                    f"(see {self.dir / 'superlink.log'})")
             time.sleep(0.2)
         self._write_connection()
-        self.register_supernodes()
+        self._ready(self.register_supernodes())
 
-    def register_supernodes(self) -> None:
-        """Register every authorized key with the SuperLink (Flower's Control API); known ones are skipped."""
+    def _ready(self, registered: list[str]) -> None:
+        """Tell SuperNode launchers (devices, tests, the demo) where to connect and that keys are in."""
+        doc = {"address": f"{self.host}:{self.port}", "generation": self.generation, "insecure": self.opts.insecure,
+               "root_certificates": "" if self.opts.insecure else str(self.dir / TLS_DIR / "ca.pem"),
+               "registered": registered, "at": time.time()}
+        tmp = self.dir / f".{READY_FILE}.tmp"
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, self.dir / READY_FILE)
+
+    def register_supernodes(self) -> list[str]:
+        """Register every authorized key with the SuperLink (Flower's Control API); known ones are skipped.
+
+        A SuperNode whose key is not registered yet gives up after three tries, so devices
+        should start once ``superlink.json`` lists them.
+        """
         if self.opts.insecure:
-            return
+            return []
         book = KeyBook(self.dir / SUPERNODES_FILE)
         if not book.nodes:
             log.warning("no SuperNode is authorized yet (fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s)",
                         self.dir)
-            return
+            return []
         procs = []
+        done: list[str] = []
         with tempfile.TemporaryDirectory() as tmp:
             for dev, node in sorted(book.nodes.items()):
                 pub = Path(tmp) / f"{dev}.pub"
@@ -186,10 +201,13 @@ class Supervisor:
                 text = out.decode(errors="replace")
                 if p.returncode == 0:
                     log.info("registered SuperNode %s", dev)
+                    done.append(dev)
                 elif "already" in text.lower() or "in use" in text.lower():
                     log.debug("SuperNode %s already registered", dev)
+                    done.append(dev)
                 else:
                     log.warning("registering SuperNode %s failed: %s", dev, " ".join(text.split())[-300:])
+        return done
 
     def superlink_dead(self) -> bool:
         if self.owned:
@@ -224,9 +242,11 @@ class Supervisor:
         """Until done: (re)start the SuperLink and the run; bounded restarts and total time."""
         started = time.time()
         deadline = time.monotonic() + self.opts.timeout_s
+        quick = 0  # consecutive runs that failed within seconds: flwr refused the app, retrying will not help
         try:
             while True:
                 self.ensure_superlink()
+                t_submit = time.monotonic()
                 self.submit()
                 assert self.run_proc is not None
                 while True:
@@ -245,6 +265,9 @@ class Supervisor:
                                 return doc
                             time.sleep(0.3)
                         log.warning("run ended without finishing (exit %s); resubmitting", self.run_proc.returncode)
+                        quick = quick + 1 if time.monotonic() - t_submit < 15 and self.run_proc.returncode else 0
+                        if quick >= 2:
+                            raise FoglineError(f"flwr run keeps failing: {self._last_error_line()}")
                         break
                     time.sleep(0.5)
                 self._stop_run()
@@ -255,6 +278,17 @@ class Supervisor:
                 time.sleep(1.0)
         finally:
             self.close()
+
+    def _last_error_line(self) -> str:
+        try:
+            lines = (self.dir / "flwr-run.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        for line in reversed(lines):
+            text = " ".join(line.replace("\x1b", "").split())
+            if text and any(w in text.lower() for w in ("error", "invalid", "exception", "not found")):
+                return text[-300:]
+        return f"see {self.dir / 'flwr-run.log'}"
 
     def _stop_run(self) -> None:
         if self.run_proc is not None and self.run_proc.poll() is None:

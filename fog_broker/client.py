@@ -115,6 +115,7 @@ class FogClient:
         self._mqtt.start()
         try:
             self._mqtt.wait_connected(connect_timeout, strict=True)
+            self.hello = self._hello(max(connect_timeout, 10.0))
         except LocalViolation:
             self._mqtt.stop()
             raise
@@ -182,6 +183,24 @@ class FogClient:
         finally:
             with self._lock:
                 self._waiters.pop(rid, None)
+
+    def _hello(self, timeout: float) -> dict[str, Any]:
+        """Say hello until the fog answers: it proves both directions work for this identity.
+
+        An identity issued a moment ago is not in the broker's ACL until the fog reloads it (under
+        a second), and a request sent before that is dropped without a word; so repeat an
+        idempotent request rather than send real work into the void.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.control("hello", timeout=min(0.5, max(0.05, deadline - time.monotonic())))  # type: ignore[no-any-return]
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise LocalViolation(f"no answer from fog {self.creds.fog.fog_id} as {self.client_id} within "
+                                         f"{timeout:g} s (is it running? was this identity revoked?)") from None
+            except ControlError as exc:
+                raise LocalViolation(f"fog {self.creds.fog.fog_id} refused {self.client_id}: {exc}") from None
 
     # ------------------------------------------------------------ control
 

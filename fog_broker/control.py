@@ -117,14 +117,17 @@ class ControlPlane:
             body_in = json.loads(inner.body or b"{}")
             if not isinstance(body_in, dict):
                 raise RemoteViolation("a control request body must be a JSON object")
-            if inner.action == "status":
-                body: Any = svc.status(at, offset=int(body_in.get("offset", 0)), limit=body_in.get("limit"))
+            if inner.action == "hello":
+                body: Any = {"fog_id": svc.config.fog_id, "site": svc.config.site, "epoch": svc.epoch,
+                             "you": env.sender, "role": role}
+            elif inner.action == "status":
+                body = svc.status(at, offset=int(body_in.get("offset", 0)), limit=body_in.get("limit"))
             elif inner.action == "deploy":
                 body = self.deploy(body_in, at)
             elif inner.action == "delete":
                 body = self.delete(body_in)
             else:
-                raise RemoteViolation(f"unknown action {inner.action!r}: status, deploy, delete")
+                raise RemoteViolation(f"unknown action {inner.action!r}: hello, status, deploy, delete")
             self.counters[f"ok:{inner.action}"] += 1
             reply = ControlReply(inner.request_id, True, json.dumps(body, default=json_default).encode())
         except (RemoteViolation, ValueError, KeyError, TypeError) as exc:

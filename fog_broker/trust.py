@@ -37,9 +37,9 @@ DeviceState_ = Literal["pending", "approved", "revoked"]
 
 # What each role may ask of the fog: control actions over fog/CTL, "infer" over fog/INFER.
 CONTROL_RIGHTS: Mapping[str, frozenset[str]] = {
-    "operator": frozenset({"status", "deploy", "delete", "infer"}),
-    "coordinator": frozenset({"status", "infer"}),
-    "app": frozenset({"infer"}),
+    "operator": frozenset({"hello", "status", "deploy", "delete", "infer"}),
+    "coordinator": frozenset({"hello", "status", "infer"}),
+    "app": frozenset({"hello", "infer"}),
 }
 
 

@@ -79,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FoglineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TimeoutError as exc:  # a peer that did not answer: one line, not a traceback
+        print(f"error: {exc or 'timed out'}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -208,6 +208,7 @@ class MqttClient:
         self._subs: dict[str, _Sub] = {}
         self._sub_mids: dict[int, str] = {}  # SUBSCRIBE packet id -> filter, until its SUBACK
         self.refused_subscriptions: dict[str, int] = {}  # filter -> refusals in a row (retried)
+        self._granted: set[str] = set()  # filters the broker accepted on this connection
         # Read on the network thread: replaced whole (routes first), never mutated in place.
         self._routes: tuple[tuple[str, _Sub], ...] = ()
         self._route_cache: dict[str, _Sub | None] = {}
@@ -273,6 +274,9 @@ class MqttClient:
         if tf is None or not any(getattr(rc, "is_failure", False) for rc in reason_codes):
             if tf is not None:
                 self.refused_subscriptions.pop(tf, None)
+                with self._state:
+                    self._granted.add(tf)
+                    self._state.notify_all()
             return
         n = self.refused_subscriptions.get(tf, 0) + 1
         self.refused_subscriptions[tf] = n
@@ -325,6 +329,12 @@ class MqttClient:
             why = f": {self.last_error}" if self.last_error else ""
             raise LocalViolation(f"MQTT {where}: not connected within {timeout:g} s{why}")
         return False
+
+    def wait_subscribed(self, topic_filter: str, timeout: float) -> bool:
+        """True once the broker granted ``topic_filter`` on the current connection (a refusal is retried)."""
+        with self._state:
+            return self._state.wait_for(lambda: topic_filter in self._granted or self._stopped, timeout) \
+                and topic_filter in self._granted
 
     def _set_error(self, text: str, *, fatal: bool) -> None:
         """Record a connection failure (any thread); a fatal one wakes ``wait_connected``."""
@@ -429,6 +439,8 @@ class MqttClient:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         self._connected.clear()
+        with self._state:
+            self._granted.clear()
         client.on_log = self._on_log
         self.counters.disconnects += 1
         if not self._connack_seen and not self._stopped:

@@ -1,40 +1,78 @@
-"""`fogline coordinator` argument handling (no Flower processes are started here)."""
+"""`fogline coordinator` / `supernodes` / `release` bad input: one line, exit 2, nothing started or lost."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from cloud_coordinator.launcher import write_app
-from runtime.cli import build_parser, main
+from cloud_coordinator.app import bundled_app, load_app, stage
+from runtime.cli import main
+
+
+def _app(tmp: Path, **edit: str) -> Path:
+    """A copy of the digits example with pyproject text replaced."""
+    dst = tmp / "app"
+    shutil.copytree(bundled_app("digits"), dst, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (dst / "pyproject.toml").read_text()
+    for old, new in edit.items():
+        text = text.replace(old, new)
+    (dst / "pyproject.toml").write_text(text)
+    return dst
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--rule", "nope"], "unknown rule"),
+    (["--rule", "nope"], "unknown aggregation rule 'nope'"),
     (["--rounds", "0"], "--rounds"),
     (["--superlink", "nohostport"], "HOST:PORT"),
+    (["--quorum", "3"], "quorum 3 is larger than the 1 replica directory"),
+    (["--insecure", "--superlink", "192.0.2.7:9093"], "--insecure is refused"),
+    (["--app", "/nonexistent/app"], "does not exist"),
+    (["--run-config", "nokey=1"], "has no nokey"),
 ])
 def test_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                               msg: str) -> None:
-    assert main(["coordinator", "--checkpoint-dir", str(tmp_path), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and msg in err
+    assert main(["coordinator", "--checkpoint-dir", str(tmp_path / "ck"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and msg in err[0], err
 
 
-def test_run_config_and_app_scaffold(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edit, msg", [
+    ({'serverapp = "digits_app.server_app:app"\n': ""}, "has no ServerApp"),
+    ({'serverapp = "digits_app.server_app:app"': 'serverapp = "digits_app.nothere:app"'}, "has no ServerApp"),
+    ({"tool.flwr.app": "tool.flwr.other"}, "has no [tool.flwr.app]"),
+    ({'export = "digits_app.task:to_onnx"': 'export = "digits_app.task:nothing"'}, "has no function 'nothing'"),
+    ({'export = "digits_app.task:to_onnx"': 'export = "not a ref"'}, "must look like"),
+])
+def test_bad_app_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, str], msg: str) -> None:
+    app = _app(tmp_path, **edit)
+    assert main(["coordinator", "--app", str(app), "--checkpoint-dir", str(tmp_path / "ck")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+    assert not (tmp_path / "ck" / "superlink.db").exists()  # nothing was started
+
+
+def test_stage_copies_and_overrides(tmp_path: Path) -> None:
     import tomllib
 
-    from cloud_coordinator.cli import run_config_from_args
-    from cloud_coordinator.rounds import RunConfig
+    spec = load_app(bundled_app("digits"))
+    assert spec.export == "digits_app.task:to_onnx" and spec.release == "digits"
+    dest = stage(spec, tmp_path / "staged", {"lr": 0.5, "num-server-rounds": 4})
+    cfg = tomllib.loads((dest / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert cfg["lr"] == 0.5 and cfg["num-server-rounds"] == 4 and cfg["fogline-settings"] == ""
+    assert (dest / "digits_app" / "server_app.py").exists()
 
-    args = build_parser().parse_args(["coordinator", "--checkpoint-dir", str(tmp_path / "a"), "--replica-dir",
-                                      str(tmp_path / "b"), "--rounds", "4", "--rule", "bulyan", "--f", "2",
-                                      "--non-iid", "0.3", "--seed", "9"])
-    rc = run_config_from_args(args)
-    cfg = RunConfig.from_mapping(rc)
-    assert (cfg.rounds, cfg.rule, cfg.f, cfg.iid, cfg.alpha, cfg.seed) == (4, "bulyan", 2, False, 0.3, 9)
-    assert rc["checkpoint-dirs"].count(str(tmp_path)) == 2
-    doc = tomllib.loads(write_app(tmp_path / "app", rc).read_text())
-    assert doc["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "cloud_coordinator.flower_server:app", "clientapp": "edge_agent.flower_client:app"}
-    assert RunConfig.from_mapping(doc["tool"]["flwr"]["app"]["config"]) == cfg
+
+def test_supernodes_keys_refuse_duplicates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["supernodes", "keygen", "--out", str(tmp_path / "k1")]) == 0
+    assert main(["supernodes", "keygen", "--out", str(tmp_path / "k2")]) == 0
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(["supernodes", "add", "dev-1", str(tmp_path / "k1" / "supernode.pub"), *ck]) == 0
+    capsys.readouterr()
+    assert main(["supernodes", "add", "dev-2", str(tmp_path / "k1" / "supernode.pub"), *ck]) == 2
+    assert "already authorized for device 'dev-1'" in capsys.readouterr().err
+    assert main(["supernodes", "add", "dev-1", str(tmp_path / "k2" / "supernode.pub"), *ck]) == 2
+    assert "already has a key" in capsys.readouterr().err
+    assert main(["supernodes", "add", "../x", str(tmp_path / "k2" / "supernode.pub"), *ck]) == 2
+    assert main(["supernodes", "list", *ck]) == 0
+    assert capsys.readouterr().out.startswith("dev-1\t")

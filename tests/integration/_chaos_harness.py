@@ -34,8 +34,7 @@ def base_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"PYTHONPATH": str(ROOT), "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
                 "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1", "FOGLINE_CACHE_DIR": str(tmp / "cache"),
-                "FOGLINE_OPERATOR_KEY": str(tmp / "operator.key")})
+                "OMP_NUM_THREADS": "1", "FOGLINE_CACHE_DIR": str(tmp / "cache")})
     return env
 
 

@@ -125,11 +125,12 @@ def _fog_args(port: int, data: Path, site: str) -> list[str]:
             "--summary-interval", "1", "--no-zeroconf"]
 
 
-def _agent_args(i: int, port: int, site: str, tmp: Path) -> list[str]:
+def _agent_args(i: int, port: int, site: str, tmp: Path, token: str) -> list[str]:
+    """An agent enrolling with ``token`` on its first start (a restart with the same data dir needs none)."""
     did = f"dev-{i:02d}"
     return [PY, "-m", "edge_agent", "--simulate", PROFILES[i], "--id", did, "--broker", f"127.0.0.1:{port}",
             "--site", site, "--data-dir", str(tmp / "agents" / did), "--state-interval", str(STATE_INTERVAL_S),
-            "--labels", f"power-domain=pd-{i % 6}"]
+            "--labels", f"power-domain=pd-{i % 6}", "--token", token]
 
 
 def _workload(st: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -148,10 +149,15 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
     site, port, fog_dir = new_site(), free_port(), tmp_path / "fog"
     ground = Ground()
     fog = procs.start("fog", _fog_args(port, fog_dir, site), stdout_pipe=True)
-    read_ready(fog, 60)
+    ready = read_ready(fog, 60)
+    from fog_broker.site import Site
+    trust = Site(fog_dir)
+    token = trust.create_token(time.time(), uses=N_AGENTS, auto_approve=True)  # fogline token create
+    trust.close()
     for i in range(N_AGENTS):
-        procs.start(f"dev-{i:02d}", _agent_args(i, port, site, tmp_path))
-    client = wait_for("an operator client", lambda: FogClient("127.0.0.1", port, site=site), 30)
+        procs.start(f"dev-{i:02d}", _agent_args(i, port, site, tmp_path, token))
+    client = wait_for("an operator client", lambda: FogClient("127.0.0.1", port, credentials=ready["credentials"]),
+                      30)
     load: OpenLoop | None = None
     monitor_stop = threading.Event()
     snapshots: list[tuple[float, float, dict[str, Any]]] = []
@@ -191,7 +197,7 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
             for item in [r for r in restarts if r[0] <= now]:
                 restarts.remove(item)
                 did = f"dev-{item[1]:02d}"
-                procs.start(did, _agent_args(item[1], port, site, tmp_path))
+                procs.start(did, _agent_args(item[1], port, site, tmp_path, token))
                 k, _ = ground.kills[did][-1]
                 ground.kills[did][-1] = (k, time.monotonic())
                 ground.note(f"restart {did} (same data dir)")

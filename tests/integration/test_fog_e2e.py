@@ -20,7 +20,8 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto, free_port, wait_port
+from runtime.broker import find_mosquitto, free_port, wait_port
+from simulations.local_site import LocalSite
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -38,16 +39,22 @@ import onnxruntime  # noqa: F401 - imported up front: a first import inside a de
 from simulations.profiles import DeviceProfile
 from edge_agent.agent import AgentConfig
 from edge_agent.runner import make_agent
+from edge_agent.credentials import enrolled_settings
+from edge_agent.enrol import enrol_dirs
 spec = json.loads(sys.argv[1])
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *a: stop.set())
+ehost, eport = spec["enroll"].rsplit(":", 1)
+dirs = [(a["id"], Path(spec["dir"]) / a["id"]) for a in spec["agents"]]
+enrol_dirs(spec["token"], dirs, ehost, int(eport), timeout_s=60)  # a token with --auto-approve
 agents = []
 for a in spec["agents"]:
+    fog_key, tls, site = enrolled_settings(Path(spec["dir"]) / a["id"])
     prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"], uplink_bps=1e8,
                          downlink_bps=1e8, rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
                          labels=a.get("labels", {}))
     cfg = AgentConfig(device_id=a["id"], data_dir=Path(spec["dir"]) / a["id"], host="127.0.0.1",
-                      port=spec["port"], site=spec["site"], labels=a.get("labels", {}),
+                      port=spec["port"], site=site, labels=a.get("labels", {}), fog_key=fog_key, tls=tls,
                       state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1)
     agents.append(make_agent(cfg, profile=prof).start())
 print("agents-started", flush=True)
@@ -59,39 +66,35 @@ for ag in agents:
 
 
 class Procs:
-    """Subprocesses of one test, killed in teardown whatever happens."""
+    """Subprocesses of one test (the fog brokers and agent groups), killed in teardown whatever happens."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.sites: list[LocalSite] = []
 
     def spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FOGLINE_OPERATOR_KEY": str(self.tmp / "operator.key")}
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=open(self.tmp / f"{name}.log", "ab"), start_new_session=True)
         self.procs.append(p)
         return p
 
-    def agents(self, port: int, site: str, agents: list[dict[str, Any]], name: str) -> subprocess.Popen[bytes]:
-        spec = {"agents": agents, "dir": str(self.tmp / "agents"), "port": port, "site": site}
+    def agents(self, site: LocalSite, agents: list[dict[str, Any]], name: str) -> subprocess.Popen[bytes]:
+        spec = {"agents": agents, "dir": str(self.tmp / "agents"), "port": site.port, "enroll": site.enroll,
+                "token": site.token(uses=len(agents))}
         return self.spawn([PY, "-c", LAUNCHER, json.dumps(spec)], name)
 
-    def fog(self, data_dir: Path, site: str, *, mqtt: str | None = None, port: int | None = None,
-            name: str = "fog") -> subprocess.Popen[bytes]:
-        args = [PY, "-m", "runtime.cli", "-vv", "broker", "--data-dir", str(data_dir), "--site", site,
-                "--state-interval", "1", "--startup-wait", "4", "--summary-interval", "1", "--no-zeroconf"]
-        args += ["--mqtt", mqtt] if mqtt else ["--port", str(port)]
-        p = self.spawn(args, name)
-        line = _readline(p, 30.0)
-        assert line and json.loads(line)["event"] == "ready", (line, (self.tmp / f"{name}.log").read_text()[-2000:])
-        return p
+    def fog(self, data_dir: Path, site: str, *, port: int | None = None, name: str = "fog") -> LocalSite:
+        """``fogline broker`` as the README starts it (secure, owns its mosquitto)."""
+        s = LocalSite(data_dir, site=site, port=port, log=self.tmp / f"{name}.log", verbose=2,
+                      args=["--state-interval", "1", "--startup-wait", "4", "--summary-interval", "1"]).start()
+        self.sites.append(s)
+        return s
 
     def kill_all(self) -> None:
-        for owner in self.tmp.glob("**/mqtt/owner.json"):  # a mosquitto a fog broker started
-            try:
-                os.kill(int(json.loads(owner.read_text())["pid"]), signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
+        for s in self.sites:
+            s.kill()
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -99,13 +102,6 @@ class Procs:
                 except OSError:
                     pass
                 p.wait(5)
-
-
-def _readline(p: subprocess.Popen[bytes], timeout: float) -> str:
-    import select
-    assert p.stdout is not None
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    return p.stdout.readline().decode() if r else ""
 
 
 @pytest.fixture
@@ -117,23 +113,8 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         pr.kill_all()
 
 
-@pytest.fixture
-def mqtt(tmp_path: Path) -> Iterator[MosquittoBroker]:
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path / "mqtt", port=0, persistence=False)).start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
 def _site() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
-
-
-def _client(port: int, site: str, tmp: Path) -> Any:
-    os.environ["FOGLINE_OPERATOR_KEY"] = str(tmp / "operator.key")
-    from fog_broker.client import FogClient
-    return FogClient("127.0.0.1", port, site=site)
 
 
 def _wait(pred: Any, timeout: float, what: str, step: float = 0.05) -> Any:
@@ -171,16 +152,14 @@ def _worker(i: int, memory: int, flops: float = 5e9) -> dict[str, Any]:
 CAM = {"id": "cam", "memory": 1000, "flops": 1e8, "labels": {"role": "source", "power-domain": "pd-cam"}}
 
 
-def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, mqtt: MosquittoBroker,
-                                                                 tmp_path: Path) -> None:
-    site = _site()
-    procs.fog(tmp_path / "fog", site, mqtt=mqtt.address)
+def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tmp_path: Path) -> None:
+    fog = procs.fog(tmp_path / "fog", _site())
     # 6 agents: cam + w3 + w4 (spares, not workers) in one process, w0..w2 in their own (kill -9 targets)
     spares = [CAM, {**_worker(3, 400_000), "labels": {"role": "spare", "power-domain": "pd3"}},
               {**_worker(4, 400_000), "labels": {"role": "spare", "power-domain": "pd4"}}]
-    procs.agents(mqtt.port, site, spares, "agents-spare")
-    workers = {f"w{i}": procs.agents(mqtt.port, site, [_worker(i, 400_000)], f"agent-w{i}") for i in range(3)}
-    c = _client(mqtt.port, site, tmp_path)
+    procs.agents(fog, spares, "agents-spare")
+    workers = {f"w{i}": procs.agents(fog, [_worker(i, 400_000)], f"agent-w{i}") for i in range(3)}
+    c = fog.client()
     _wait(lambda: _alive(c) >= {"cam", "w0", "w1", "w2", "w3", "w4"}, 30, "6 agents alive")
     res = c.deploy({"workloads": [
         {"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}},
@@ -226,12 +205,11 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, mq
     c.close()
 
 
-def test_quota_priority_and_preemption(procs: Procs, mqtt: MosquittoBroker, tmp_path: Path) -> None:
-    site = _site()
-    procs.fog(tmp_path / "fog", site, mqtt=mqtt.address)
+def test_quota_priority_and_preemption(procs: Procs, tmp_path: Path) -> None:
+    fog = procs.fog(tmp_path / "fog", _site())
     # two workers that each hold one resnet (513 KB) but not two
-    procs.agents(mqtt.port, site, [CAM, _worker(0, 700_000), _worker(1, 700_000)], "agents")
-    c = _client(mqtt.port, site, tmp_path)
+    procs.agents(fog, [CAM, _worker(0, 700_000), _worker(1, 700_000)], "agents")
+    c = fog.client()
     _wait(lambda: _alive(c) >= {"cam", "w0", "w1"}, 30, "agents alive")
     base = {"model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}}
     # quota: tenant q may use 100 KB -> pending with the quota reason
@@ -265,14 +243,15 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     port = free_port()
     data = tmp_path / "fog"
     fog = procs.fog(data, site, port=port)  # owns mosquitto
-    procs.agents(port, site, [CAM, _worker(0, 400_000), _worker(1, 400_000), _worker(2, 400_000)], "agents")
-    c = _client(port, site, tmp_path)
+    procs.agents(fog, [CAM, _worker(0, 400_000), _worker(1, 400_000), _worker(2, 400_000)], "agents")
+    c = fog.client()
     _wait(lambda: _alive(c) >= {"cam", "w0", "w1", "w2"}, 30, "agents alive")
     # CLI deploy (one workload file), status --json, infer
     wl = tmp_path / "workload.json"
     wl.write_text(json.dumps({"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam",
                               "replicas": 1, "selectors": {"role": "worker"}}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FOGLINE_OPERATOR_KEY": str(tmp_path / "operator.key")}
+    # the CLI gets its own identity: one MQTT session (and one request sequence) per identity
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FOGLINE_CREDENTIALS": str(fog.issue("cli"))}
     cli = [PY, "-m", "runtime.cli"]
     r = subprocess.run(cli + ["deploy", str(wl), "--broker", f"127.0.0.1:{port}", "--wait", "30"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -289,8 +268,7 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     np.testing.assert_allclose(np.array(json.loads(r.stdout)["outputs"]["logits"], dtype=np.float32),
                                _reference("resnet", x), rtol=1e-4, atol=1e-5)
 
-    os.kill(fog.pid, signal.SIGKILL)  # the fog process only: its mosquitto keeps running
-    fog.wait(5)
+    fog.kill_fog_only()  # the fog process only: its mosquitto keeps running
     assert wait_port("127.0.0.1", port, 1.0)
     fog2 = procs.fog(data, site, port=port, name="fog2")  # re-attaches to the orphaned mosquitto
 
@@ -301,7 +279,8 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     try:
         st = _wait(settled, 20, "restarted fog ready with res running")
     except Exception:
-        os.kill(fog2.pid, signal.SIGUSR1)
+        assert fog2.proc is not None
+        os.kill(fog2.proc.pid, signal.SIGUSR1)
         time.sleep(1)
         raise
     after = next(x for x in st["workloads"] if x["name"] == "res")
@@ -311,7 +290,7 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     assert st["counters"].get("undeploys_sent", 0) == 0, st["counters"]
     np.testing.assert_allclose(c.infer("res", {"x": x}, timeout=10)["logits"], _reference("resnet", x),
                                rtol=1e-4, atol=1e-5)
-    r = subprocess.run(cli + ["status", "--broker", f"127.0.0.1:{port}"], env=env, cwd=ROOT,
+    r = subprocess.run(cli + ["status"], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "res" in r.stdout and "running" in r.stdout, r.stdout + r.stderr
     r = subprocess.run(cli + ["status", "--broker", f"127.0.0.1:{port}", "--json"], env=env, cwd=ROOT,
@@ -321,14 +300,12 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     c.close()
 
 
-def test_hung_agent_is_declared_dead_by_the_state_deadline(procs: Procs, mqtt: MosquittoBroker,
-                                                          tmp_path: Path) -> None:
+def test_hung_agent_is_declared_dead_by_the_state_deadline(procs: Procs, tmp_path: Path) -> None:
     """SIGSTOP: no Will for ~1.5 x keepalive, but 3 missed state intervals (1 s here) declare it dead."""
-    site = _site()
-    procs.fog(tmp_path / "fog", site, mqtt=mqtt.address)
-    hung = procs.agents(mqtt.port, site, [_worker(0, 400_000)], "agent-hung")
-    procs.agents(mqtt.port, site, [CAM], "agent-cam")
-    c = _client(mqtt.port, site, tmp_path)
+    fog = procs.fog(tmp_path / "fog", _site())
+    hung = procs.agents(fog, [_worker(0, 400_000)], "agent-hung")
+    procs.agents(fog, [CAM], "agent-cam")
+    c = fog.client()
     _wait(lambda: _alive(c) >= {"cam", "w0"}, 30, "agents alive")
     t0 = time.monotonic()
     os.killpg(hung.pid, signal.SIGSTOP)

@@ -22,7 +22,7 @@ import pytest
 from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
 from runtime.errors import LocalViolation
 from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will, tls_context
-from runtime.pki import SitePki, make_site_pki
+from runtime.pki import SiteCA, TlsBundle
 
 pytestmark = [
     pytest.mark.integration,
@@ -342,13 +342,20 @@ def test_handler_exception_is_counted_and_worker_goes_on(
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> SitePki:
-    return make_site_pki(tmp_path_factory.mktemp("pki"), ["dev-a"], fog_ids=(), cloud_ids=())
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site CA, the broker's files (``tls/``) and dev-a's bundle (``dev-a/``) under one directory."""
+    root = tmp_path_factory.mktemp("pki")
+    ca = SiteCA.load_or_create(root / "ca", "s1")
+    ca.ensure_server_cert(root / "tls", ["localhost"], ["127.0.0.1"])
+    (root / "tls" / "ca.pem").write_bytes(ca.ca_pem)
+    ca.write_crl(root / "tls" / "crl.pem")
+    ca.issue_bundle(root / "dev-a", "dev-a", "device")
+    return root
 
 
 @pytest.fixture(scope="module")
-def tls_broker(pki: SitePki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("tls"), tls_dir=pki.dir,
+def tls_broker(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("tls"), tls_dir=pki / "tls",
                                      persistence=False)).start()
     try:
         yield b
@@ -356,12 +363,13 @@ def tls_broker(pki: SitePki, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         b.kill()
 
 
-def _tls(pki: SitePki, *, cert: bool = True, ca: Path | None = None, server_hostname: str | None = None) -> TlsConfig:
-    c, k = pki.clients["dev-a"]
-    return TlsConfig(str(ca or pki.ca_cert), str(c) if cert else None, str(k) if cert else None, server_hostname)
+def _tls(pki: Path, *, cert: bool = True, ca: Path | None = None, server_hostname: str | None = None) -> TlsConfig:
+    b = TlsBundle(pki / "dev-a")
+    return TlsConfig(str(ca or b.ca_file), b.cert_file if cert else None, b.key_file if cert else None,
+                     server_hostname)
 
 
-def test_tls_context_verifies_hostname_and_needs_tls12(pki: SitePki) -> None:
+def test_tls_context_verifies_hostname_and_needs_tls12(pki: Path) -> None:
     import ssl
 
     ctx = tls_context(_tls(pki))
@@ -372,7 +380,7 @@ def test_tls_context_verifies_hostname_and_needs_tls12(pki: SitePki) -> None:
 
 
 def test_tls_connects_and_server_hostname_overrides_the_dialled_host(
-        pki: SitePki, tls_broker: MosquittoBroker, clients: list[MqttClient]) -> None:
+        pki: Path, tls_broker: MosquittoBroker, clients: list[MqttClient]) -> None:
     # the broker certificate names 127.0.0.1 and localhost: dialling the IP but checking "localhost" works...
     c = connect(clients, "dev-a", tls_broker, tls=_tls(pki, server_hostname="localhost"))
     c.start(wait_s=10)
@@ -389,13 +397,14 @@ def test_tls_connects_and_server_hostname_overrides_the_dialled_host(
     ("broker cert from another CA", "TLS handshake failed: .*certificate"),
     ("no client certificate", r"\[SSL.*certificate required"),
 ])
-def test_tls_failures_end_the_wait_with_one_line(pki: SitePki, tls_broker: MosquittoBroker,
+def test_tls_failures_end_the_wait_with_one_line(pki: Path, tls_broker: MosquittoBroker,
                                                  clients: list[MqttClient], tmp_path: Path,
                                                  case: str, match: str) -> None:
     if case == "no client certificate":
         tls = _tls(pki, cert=False)
     else:
-        tls = _tls(pki, ca=make_site_pki(tmp_path / "rogue", ["x"], fog_ids=(), cloud_ids=()).ca_cert)
+        rogue = SiteCA.load_or_create(tmp_path / "rogue", "s1")
+        tls = _tls(pki, ca=rogue.dir / "ca.pem")
     c = connect(clients, "dev-a", tls_broker, tls=tls)
     c.start()
     t0 = time.monotonic()

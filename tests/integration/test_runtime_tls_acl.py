@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from runtime.broker import BrokerConfig, MosquittoBroker, acl_text, find_mosquitto
+from runtime.broker import BrokerConfig, MosquittoBroker, acl_for, find_mosquitto
 from runtime.mqtt import Inbound, MqttClient, TlsConfig
-from runtime.pki import SitePki, load_site_pki, make_site_pki
+from runtime.pki import SiteCA, TlsBundle
 from runtime.topics import Topics
 
 pytestmark = [
@@ -32,16 +32,36 @@ MARK = b"__marker__"
 LIVE = b"__live__"  # subscription probes; ignored (late copies included) by drain_until_marker
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> SitePki:
-    return make_site_pki(tmp_path_factory.mktemp("pki"), ["dev-a", "dev-b"], fog_ids=("fog-1",),
-                         cloud_ids=("cloud-1",))
+ROLES = {"fog-1": "fog", "dev-a": "device", "dev-b": "device", "cloud-1": "coordinator", "op-1": "operator",
+         "app-1": "app"}
+
+
+class Pki:
+    """A site CA with one client bundle per identity (as ``fogline broker`` and enrolment make them)."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root
+        self.ca = SiteCA.load_or_create(root / "pki", "s1")
+        self.tls_dir = root / "broker"
+        self.ca.ensure_server_cert(self.tls_dir, ["localhost"], ["127.0.0.1"])
+        (self.tls_dir / "ca.pem").write_bytes(self.ca.ca_pem)
+        self.ca.write_crl(self.tls_dir / "crl.pem")
+        self.bundles = {cn: self.ca.issue_bundle(root / cn, cn, role) for cn, role in ROLES.items()}
+
+    def tls(self, cn: str) -> TlsConfig:
+        return self.bundles[cn].tls()
 
 
 @pytest.fixture(scope="module")
-def broker(pki: SitePki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("tls-broker"), tls_dir=pki.dir,
-                                     acl=True, persistence=False)).start()
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp_path_factory.mktemp("tls-broker"), tls_dir=pki.tls_dir,
+                                     acl=acl_for("s1", "fog-1", ROLES), persistence=False,
+                                     max_message_bytes=1 << 20)).start()
     try:
         yield b
     finally:
@@ -98,30 +118,31 @@ def wait_live(q: "queue.Queue[Inbound]", publisher: MqttClient, topic: str) -> N
 # ---------------------------------------------------------------- pki
 
 
-def test_pki_files_and_certificates(pki: SitePki) -> None:
-    for key in [pki.ca_key, pki.broker_key, *(k for _, k in pki.clients.values())]:
+def test_pki_files_and_certificates(pki: Pki) -> None:
+    keys = [pki.dir / "pki" / "ca.key", pki.tls_dir / "broker.key", *(Path(b.key_file) for b in pki.bundles.values())]
+    for key in keys:
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
-    broker = x509.load_pem_x509_certificate(pki.broker_cert.read_bytes())
+    broker = x509.load_pem_x509_certificate((pki.tls_dir / "broker.pem").read_bytes())
     san = broker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "127.0.0.1" in [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
     assert "localhost" in san.get_values_for_type(x509.DNSName)
-    for cn, (cert_path, _) in pki.clients.items():
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    ca = x509.load_pem_x509_certificate(pki.ca.ca_pem)
+    for cn, bundle in pki.bundles.items():
+        cert = x509.load_pem_x509_certificate(Path(bundle.cert_file).read_bytes())
         assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == cn
-        ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+        assert cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATIONAL_UNIT_NAME)[0].value == ROLES[cn]
         cert.verify_directly_issued_by(ca)
-    again = load_site_pki(pki.dir)
-    assert again.clients == pki.clients and again.fogs == ("fog-1",) and again.devices == ("dev-a", "dev-b")
-    text = acl_text(again.fogs, again.clouds)
-    assert "user fog-1" in text and "user cloud-1" in text
+    assert TlsBundle.load(pki.dir / "dev-a").cert_file == pki.bundles["dev-a"].cert_file
+    text = acl_for("s1", "fog-1", ROLES)
+    assert "user fog-1" in text and "user cloud-1" in text and "pattern" not in text
 
 
 # ---------------------------------------------------------------- TLS
 
 
-def test_client_without_certificate_is_refused(pki: SitePki, broker: MosquittoBroker,
+def test_client_without_certificate_is_refused(pki: Pki, broker: MosquittoBroker,
                                                made: list[MqttClient]) -> None:
-    c = MqttClient("anon", broker.host, broker.port, tls=TlsConfig(ca_file=str(pki.ca_cert)))
+    c = MqttClient("anon", broker.host, broker.port, tls=TlsConfig(ca_file=pki.bundles["dev-a"].ca_file))
     made.append(c)
     c.start()
     assert not c.wait_connected(1.5)
@@ -135,19 +156,19 @@ def test_plain_tcp_is_refused(broker: MosquittoBroker, made: list[MqttClient]) -
 
 
 def test_certificate_from_another_ca_is_refused(broker: MosquittoBroker, made: list[MqttClient],
-                                                tmp_path: Path, pki: SitePki) -> None:
-    rogue = make_site_pki(tmp_path / "rogue", ["dev-a"], fog_ids=(), cloud_ids=())
-    cert, key = rogue.clients["dev-a"]
+                                                tmp_path: Path, pki: Pki) -> None:
+    rogue = SiteCA.load_or_create(tmp_path / "rogue", "s1").issue_bundle(tmp_path / "rogue-a", "dev-a", "device")
     c = MqttClient("dev-a", broker.host, broker.port,
-                   tls=TlsConfig(ca_file=str(pki.ca_cert), cert_file=str(cert), key_file=str(key)))
+                   tls=TlsConfig(ca_file=pki.bundles["dev-a"].ca_file, cert_file=rogue.cert_file,
+                                 key_file=rogue.key_file))
     made.append(c)
     c.start()
     assert not c.wait_connected(1.5)
 
 
-def test_broker_certificate_is_checked_by_clients(pki: SitePki, broker: MosquittoBroker, tmp_path: Path) -> None:
-    other = make_site_pki(tmp_path / "other", ["x"], fog_ids=(), cloud_ids=())
-    ctx = ssl.create_default_context(cafile=str(other.ca_cert))
+def test_broker_certificate_is_checked_by_clients(pki: Pki, broker: MosquittoBroker, tmp_path: Path) -> None:
+    other = SiteCA.load_or_create(tmp_path / "other", "s1")
+    ctx = ssl.create_default_context(cadata=other.ca_pem.decode())
     import socket
 
     with socket.create_connection((broker.host, broker.port), timeout=5) as raw:
@@ -158,7 +179,7 @@ def test_broker_certificate_is_checked_by_clients(pki: SitePki, broker: Mosquitt
 # ---------------------------------------------------------------- ACL by delivery
 
 
-def test_device_writes_only_under_its_own_prefix(pki: SitePki, broker: MosquittoBroker,
+def test_device_writes_only_under_its_own_prefix(pki: Pki, broker: MosquittoBroker,
                                                  made: list[MqttClient]) -> None:
     q: queue.Queue[Inbound] = queue.Queue()
     client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q})
@@ -175,20 +196,22 @@ def test_device_writes_only_under_its_own_prefix(pki: SitePki, broker: Mosquitto
     assert [(m.topic, m.payload) for m in seen] == [(T.device("dev-a", "STATE"), b"own state")]
 
 
-def test_device_data_plane_exceptions(pki: SitePki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
-    """docs/protocol.md: a hop forwards Activation to the next device, the last hop answers reply/{client}."""
+def test_device_data_plane_exceptions(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
+    """A hop forwards relay frames to any device's ACT and answers only the fog (results are sealed)."""
     q: queue.Queue[Inbound] = queue.Queue()
     client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q})
     a = client(made, "dev-a", broker, pki.tls("dev-a"))
     wait_live(q, a, T.device("dev-a", "STATE"))
     a.publish(T.device("dev-b", "ACT"), b"activation", qos=1)
-    a.publish(T.reply("client-7"), b"result", qos=1)
+    a.publish(T.reply("fog-1"), b"result", qos=1)
+    a.publish(T.reply("client-7"), b"forged result", qos=1)
+    a.publish(T.reply("op-1"), b"forged result", qos=1)
     a.publish(T.device("dev-a", "STATE"), MARK, qos=1)
     seen = drain_until_marker(q)
-    assert [m.topic for m in seen] == [T.device("dev-b", "ACT"), T.reply("client-7")]
+    assert [m.topic for m in seen] == [T.device("dev-b", "ACT"), T.reply("fog-1")]
 
 
-def test_device_reads_only_its_own_commands(pki: SitePki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
+def test_device_reads_only_its_own_commands(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
     q: queue.Queue[Inbound] = queue.Queue()
     fog = client(made, "fog-1", broker, pki.tls("fog-1"))
     # dev-a subscribes to everything; the broker must only deliver what it may read
@@ -205,7 +228,7 @@ def test_device_reads_only_its_own_commands(pki: SitePki, broker: MosquittoBroke
     assert [(m.topic, m.payload) for m in seen] == [(T.rebirth(), b"rebirth"), (T.device("dev-a", "CMD"), b"for a")]
 
 
-def test_cloud_rights(pki: SitePki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
+def test_cloud_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
     q_fog: queue.Queue[Inbound] = queue.Queue()
     q_cloud: queue.Queue[Inbound] = queue.Queue()
     fog = client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
@@ -218,7 +241,37 @@ def test_cloud_rights(pki: SitePki, broker: MosquittoBroker, made: list[MqttClie
     cloud.publish(T.release(), MARK, qos=1)
     assert [m.topic for m in drain_until_marker(q_fog)] == [T.control()]
     fog.publish(T.device("dev-a", "STATE"), b"device detail", qos=1)
+    fog.publish(T.reply("op-1"), b"someone else's answer", qos=1)
     fog.publish(T.reply("cloud-1"), b"answer", qos=1)
     fog.publish(T.summary(), b"__marker2__", qos=1)
-    # the cloud reads fog/# (its own CTL included) and its replies, never device topics
-    assert [m.topic for m in drain_until_marker(q_cloud, marker=b"__marker2__")] == [T.control(), T.reply("cloud-1")]
+    # the coordinator reads the fog's STATE and SUMMARY and its own replies, never device topics
+    assert [m.topic for m in drain_until_marker(q_cloud, marker=b"__marker2__")] == [T.reply("cloud-1")]
+
+
+def test_operator_and_app_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
+    q_fog: queue.Queue[Inbound] = queue.Queue()
+    fog = client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
+    op = client(made, "op-1", broker, pki.tls("op-1"))
+    app = client(made, "app-1", broker, pki.tls("app-1"))
+    wait_live(q_fog, op, T.control())
+    for c, name in ((app, b"app"), (op, b"op")):
+        for topic in (T.device("dev-a", "CMD"), T.device("dev-a", "BIRTH"), T.release(), T.summary(),
+                      T.fog_state(), T.reply("fog-1")):
+            c.publish(topic, b"forged", qos=1)
+        c.publish(T.control(), name + b" ctl", qos=1)
+        c.publish(T.infer(), name + b" infer", qos=1)
+        c.publish(T.control(), MARK, qos=1)
+        assert [(m.topic, m.payload) for m in drain_until_marker(q_fog)] == [
+            (T.control(), name + b" ctl"), (T.infer(), name + b" infer")]
+
+
+def test_oversized_publish_never_reaches_anyone(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
+    q: queue.Queue[Inbound] = queue.Queue()
+    client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q})
+    op = client(made, "op-1", broker, pki.tls("op-1"))
+    wait_live(q, op, T.control())
+    op.publish(T.control(), b"x" * (2 << 20), qos=1)  # over the broker's message_size_limit
+    time.sleep(0.5)
+    op2 = op if op.connected else client(made, "op-1", broker, pki.tls("op-1"))
+    op2.publish(T.control(), MARK, qos=1)
+    assert drain_until_marker(q) == []
