@@ -2,6 +2,14 @@
 
     python -m benchmarks.aggregation_bench [--quick]
 
+Two measurements. "from replies" is what a ServerApp pays: n Flower reply
+Messages (each an ArrayRecord of 3 layers, float32) to the aggregated
+ArrayRecord, ``RobustStrategy.aggregate_train`` (checks, zero-copy views of the
+reply buffers, the rule, the new ArrayRecord) against Flower 1.41's own
+strategies' ``aggregate_train`` on identical replies (rebuilt untimed for every
+run: FedMedian and FedTrimmedAvg consume theirs). "in memory" is the rule alone on
+a stacked (n, d) update matrix against Flower's aggregation functions.
+
 Prints JSON on stdout and writes out/bench/aggregation.json. BLAS and OpenMP are
 pinned to one thread (environment variables set before numpy is imported, plus
 threadpoolctl when it is installed), so both sides run single-threaded. Timings
@@ -149,6 +157,68 @@ def distance_exactness(n: int, d: int, seed: int = 1) -> dict[str, float]:
     }
 
 
+LAYERS = ((0.5, "conv.weight"), (0.001, "conv.bias"), (0.499, "fc.weight"))
+
+
+def reply_messages(x: np.ndarray, glob: np.ndarray) -> tuple[Any, list[Any]]:
+    """(global ArrayRecord, reply Messages) carrying ``glob + x[i]`` split into three named layers."""
+    from flwr.app import Array, ArrayRecord, Message, Metadata, MetricRecord, RecordDict
+
+    d = x.shape[1]
+    cuts = np.cumsum([int(f * d) for f, _ in LAYERS[:-1]])
+    names = [n for _, n in LAYERS]
+
+    def record(vec: np.ndarray) -> Any:
+        return ArrayRecord({n: Array(np.ascontiguousarray(p)) for n, p in zip(names, np.split(vec, cuts))})
+
+    msgs = [Message(RecordDict({"arrays": record((glob + x[i]).astype(np.float32)),
+                                "metrics": MetricRecord({"num-examples": 100})}),
+                    metadata=Metadata(1, f"m{i}", 1000 + i, 0, f"q{i}", "1", 0.0, 60.0, "train"))
+            for i in range(x.shape[0])]
+    return record(glob), msgs
+
+
+def from_replies(x: np.ndarray, f: int, m: int, repeat: int) -> list[dict[str, Any]]:
+    """Flower reply Messages -> aggregate: RobustStrategy.aggregate_train vs Flower's strategies."""
+    import logging
+
+    from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum
+
+    from cloud_coordinator.strategy import RobustStrategy
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    n = x.shape[0]
+    glob = np.random.default_rng(5).standard_normal(x.shape[1]).astype(np.float32)
+    flower = {"mean": lambda: FedAvg(), "median": lambda: FedMedian(),
+              "trimmed_mean": lambda: FedTrimmedAvg(beta=f / n), "krum": lambda: Krum(num_malicious_nodes=f),
+              "multi_krum": lambda: MultiKrum(num_malicious_nodes=f, num_nodes_to_select=m),
+              "bulyan": lambda: Bulyan(num_malicious_nodes=f)}
+    rows = []
+    for name, make in flower.items():
+        ours_t, theirs_t = float("inf"), float("inf")
+        kw = {"rule_options": {"m": m}} if name == "multi_krum" else {}
+        for _ in range(repeat):
+            arrays, msgs = reply_messages(x, glob)
+            s = RobustStrategy(name, f=0 if name == "mean" else f, min_train_nodes=1, **kw)
+            s.prepare(arrays)
+            t0 = time.perf_counter()
+            out, _ = s.aggregate_train(1, msgs)
+            ours_t = min(ours_t, time.perf_counter() - t0)
+            assert out is not None
+            del msgs
+            _, msgs = reply_messages(x, glob)
+            strat = make()
+            t0 = time.perf_counter()
+            strat.aggregate_train(1, msgs)
+            theirs_t = min(theirs_t, time.perf_counter() - t0)
+            del msgs
+        row = {"rule": name, "fogline_s": round(ours_t, 4), "flower_s": round(theirs_t, 4),
+               "speedup": round(theirs_t / ours_t, 2)}
+        rows.append(row)
+        print(json.dumps({"from_replies": row}), file=sys.stderr)
+    return rows
+
+
 def run(quick: bool, repeat: int) -> dict[str, Any]:
     n, f, m = 50, 10, 30
     d = 100_000 if quick else 1_000_000
@@ -177,13 +247,14 @@ def run(quick: bool, repeat: int) -> dict[str, Any]:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
         exact = distance_exactness(20, 20_000 if quick else 200_000)
+        replies = from_replies(x, f, m, max(2, repeat // 2))
     return {
         "benchmark": "aggregation", "quick": quick, "n": n, "d": d, "f": f, "multi_krum_m": m,
         "dtype": "float32", "input_bytes": int(x.nbytes), "threads": pin,
         "one_read_of_data_s": round(read_once, 4), "repeat": repeat,
         "load_average_1min_start_end": [load0, round(os.getloadavg()[0], 2)],
         "numpy": np.__version__, "python": platform.python_version(),
-        "flower": _flower_version(), "rules": rows, "distance_exactness": exact,
+        "flower": _flower_version(), "from_replies": replies, "rules": rows, "distance_exactness": exact,
     }
 
 

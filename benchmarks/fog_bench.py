@@ -29,11 +29,13 @@ from benchmarks._emit import emit
 ROOT = Path(__file__).resolve().parents[1]
 
 PUBLISHER = r"""
-import sys, time, msgpack
-from runtime.mqtt import MqttClient
+import json, sys, time, msgpack
+from runtime.mqtt import MqttClient, TlsConfig
 port, path, conns = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+tls = [TlsConfig(**t) for t in json.loads(sys.argv[4])] if len(sys.argv) > 4 else []
 frames = msgpack.unpackb(open(path, "rb").read())
-clients = [MqttClient(f"bench-pub-{i}-{time.time_ns()}", "127.0.0.1", port, max_queued=1_000_000) for i in range(conns)]
+clients = [MqttClient(f"bench-pub-{i}" if tls else f"bench-pub-{i}-{time.time_ns()}", "127.0.0.1", port,
+                      max_queued=1_000_000, tls=tls[i] if tls else None) for i in range(conns)]
 for c in clients: c.start()
 for c in clients: assert c.wait_connected(10)
 t0 = time.monotonic()
@@ -98,13 +100,15 @@ def _frames(site: str, ids: list[Any], states: int, epoch: int, with_births: boo
     return births, st
 
 
-def _publish(port: int, frames: list, tmp: Path, conns: int) -> float:
+def _publish(port: int, frames: list, tmp: Path, conns: int, tls: list[dict[str, Any]] | None = None) -> float:
+    import json
+
     import msgpack
     path = tmp / f"frames-{time.time_ns()}.bin"
     path.write_bytes(msgpack.packb(frames, use_bin_type=True))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", PUBLISHER, str(port), str(path), str(conns)], env=env,
-                         capture_output=True, text=True, timeout=300)
+    argv = [sys.executable, "-c", PUBLISHER, str(port), str(path), str(conns)] + ([json.dumps(tls)] if tls else [])
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[0])
@@ -156,15 +160,54 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
     return out
 
 
-def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int, str]], tmp: Path) -> dict[str, Any]:
+class _Site:
+    """A fog data dir with its site CA, a mosquitto over TLS (or plain), and the fleet's keys enrolled.
+
+    With TLS the broker runs as ``fogline broker`` configures it (client certificates, ACL, size
+    limit); the publishers that stand in for the fleet get their own identities with write access
+    to device topics (a test ACL: a real device may write only its own), so the transport is the
+    secure one while a handful of connections carry a thousand devices' adverts.
+    """
+
+    def __init__(self, tmp: Path, name: str, ids: list[Any], tls: bool, conns: int) -> None:
+        from fog_broker.site import Site
+        from runtime.broker import BrokerConfig, MosquittoBroker, acl_for
+        self.site = Site(tmp / f"fog-{name}", site=name)
+        now = time.time()
+        for i in ids:
+            self.site.add_device(i.name, i.public_key_bytes, now)
+        self.pub_tls: list[dict[str, Any]] = []
+        tls_dir, acl = None, None
+        if tls:
+            tls_dir = self.site.broker_tls_dir(["localhost", self.site.fog_id], ["127.0.0.1"])
+            base = f"fogline/v1/{name}"
+            extra = []
+            for k in range(conns):
+                cn = f"bench-pub-{k}"
+                bundle = self.site.ca.issue_bundle(tmp / f"pub-{name}-{k}", cn, "device")
+                self.pub_tls.append({"ca_file": bundle.ca_file, "cert_file": bundle.cert_file,
+                                     "key_file": bundle.key_file, "server_hostname": self.site.fog_id})
+                extra += [f"user {cn}", f"topic write {base}/dev/#", ""]
+            acl = self.site.acl() + "\n" + "\n".join(extra)
+        self.broker = MosquittoBroker(BrokerConfig(data_dir=tmp / f"mqtt-{name}", port=0, persistence=False,
+                                                   tls_dir=tls_dir, acl=acl,
+                                                   max_message_bytes=(24 << 20) if tls else 0)).start()
+        self.fog_tls = self.site.fog_credentials().tls(self.site.fog_id) if tls else None
+
+    def close(self) -> None:
+        self.broker.stop()
+
+
+def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int, str, bool]],
+                 tmp: Path) -> dict[str, Any]:
     from fog_broker.service import FogService, ServiceConfig
     from runtime.broker import BrokerConfig, MosquittoBroker
     from runtime.mqtt import MqttClient
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-ingest", port=0, persistence=False)).start()
     res: dict[str, Any] = {"agents": n_ids, "states_per_agent": per, "publisher_connections": conns}
+    ids = _identities(n_ids)
+    # transport ceiling: a subscriber that only counts (plain TCP)
+    b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-ingest", port=0, persistence=False)).start()
     try:
-        ids = _identities(n_ids)
-        # transport ceiling: a subscriber that only counts
         _, states = _frames("base", ids, per, 1, False)
         got = [0, 0.0, 0.0]
 
@@ -183,47 +226,48 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
         sub.stop()
         res["transport_only"] = {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
                                  "publisher_per_s": round(len(states) / pub_s)}
-        for mode, w, auth in modes:
-            site = f"ing{mode}{w}{auth}"
-            svc = FogService(ServiceConfig(data_dir=tmp / f"fog-ingest-{mode}{w}{auth}", site=site, mqtt_port=b.port,
-                                           state_interval_s=1000.0, verify_workers=w,
-                                           verify_processes=mode == "processes",
-                                           summary_interval_s=1000.0)).start()
-            try:
-                births, states = _frames(site, ids, per, 1, True,
-                                         svc.session.public_bytes if auth == "mac" else None)
-                _publish(b.port, births, tmp, conns)
-                _wait(lambda: svc.ingest_counts()["in:BIRTH"] >= n_ids, 120, 0.05)
-                base = svc.ingest_counts()["in:STATE"]
-                marks: list[tuple[float, int]] = []
-                stop = threading.Event()
-
-                def sample() -> None:
-                    while not stop.is_set():
-                        marks.append((time.monotonic(), svc.ingest_counts()["in:STATE"] - base))
-                        time.sleep(0.01)
-                th = threading.Thread(target=sample, daemon=True)
-                th.start()
-                load0 = round(os.getloadavg()[0], 2)
-                pub_s = _publish(b.port, states, tmp, conns)
-                _wait(lambda: svc.ingest_counts()["in:STATE"] - base >= len(states), 120, 0.02)
-                processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
-                stop.set()
-                th.join()
-                first = next((t for t, n in marks if n > 0), marks[0][0])
-                last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
-                n = svc.ingest_counts()["in:STATE"] - base
-                res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}"] = {
-                    "loadavg_before": load0,
-                    "verified": n, "per_s": round(n / max(last - first, 1e-9)),
-                    "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
-                    "rejected": dict(svc.rejections()),
-                    "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
-                }
-            finally:
-                svc.stop()
     finally:
         b.stop()
+    for mode, w, auth, tls in modes:
+        name = f"ing{mode[0]}{w}{auth}{'tls' if tls else 'tcp'}"
+        site = _Site(tmp, name, ids, tls, conns)
+        svc = FogService(ServiceConfig(data_dir=site.site.dir, site=name, fog_id=site.site.fog_id,
+                                       mqtt_port=site.broker.port, tls=site.fog_tls, state_interval_s=1000.0,
+                                       verify_workers=w, verify_processes=mode == "processes",
+                                       summary_interval_s=1000.0), site=site.site).start()
+        try:
+            births, states = _frames(name, ids, per, 1, True, svc.session.public_bytes if auth == "mac" else None)
+            _publish(site.broker.port, births, tmp, conns, site.pub_tls)
+            _wait(lambda: svc.ingest.counts()["in:BIRTH"] >= n_ids, 120, 0.05)
+            base = svc.ingest.counts()["in:STATE"]
+            marks: list[tuple[float, int]] = []
+            stop = threading.Event()
+
+            def sample() -> None:
+                while not stop.is_set():
+                    marks.append((time.monotonic(), svc.ingest.counts()["in:STATE"] - base))
+                    time.sleep(0.01)
+            th = threading.Thread(target=sample, daemon=True)
+            th.start()
+            load0 = round(os.getloadavg()[0], 2)
+            pub_s = _publish(site.broker.port, states, tmp, conns, site.pub_tls)
+            _wait(lambda: svc.ingest.counts()["in:STATE"] - base >= len(states), 120, 0.02)
+            processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
+            stop.set()
+            th.join()
+            first = next((t for t, n in marks if n > 0), marks[0][0])
+            last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
+            n = svc.ingest.counts()["in:STATE"] - base
+            res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}_{'tls' if tls else 'tcp'}"] = {
+                "loadavg_before": load0,
+                "verified": n, "per_s": round(n / max(last - first, 1e-9)),
+                "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
+                "rejected": dict(svc.rejections()),
+                "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
+            }
+        finally:
+            svc.stop()
+            site.close()
     return res
 
 
@@ -233,25 +277,35 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
 def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
     import onnxruntime  # noqa: F401 - imported before agents start (a first import stalls them)
 
-    from edge_agent.agent import AgentConfig
+    from edge_agent.agent import AgentConfig, load_identity
     from edge_agent.runner import make_agent
     from fog_broker.client import FogClient
     from fog_broker.service import FogService, ServiceConfig
-    from runtime.broker import BrokerConfig, MosquittoBroker
+    from runtime.credentials import FogInfo
     from simulations.profiles import DeviceProfile
-    os.environ.setdefault("FOGLINE_OPERATOR_KEY", str(tmp / "operator.key"))
-    b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-fail", port=0, persistence=False)).start()
-    site = "fail"
-    svc = FogService(ServiceConfig(data_dir=tmp / "fog-fail", site=site, mqtt_port=b.port, state_interval_s=1.0,
-                                   summary_interval_s=5.0)).start()
+    site_name = "fail"
+    site = _Site(tmp, site_name, [], True, 0)
+    svc = FogService(ServiceConfig(data_dir=site.site.dir, site=site_name, fog_id=site.site.fog_id,
+                                   mqtt_port=site.broker.port, tls=site.fog_tls, state_interval_s=1.0,
+                                   summary_interval_s=5.0), site=site.site,
+                     on_acl=site.broker.update_acl, on_crl=site.broker.update_crl).start()
     agents: dict[str, Any] = {}
+    admin = site.site.issue_credentials("admin", "operator", tmp / "admin", time.time())
 
     def start_agent(dev_id: str, memory: int, labels: dict[str, str], flops: float = 5e9) -> None:
+        """A device with what enrolment gives it (certificate, pinned fog key), over TLS."""
+        d = tmp / "agents" / dev_id
+        if not (d / "tls" / "cert.pem").exists():
+            ident = load_identity(d, dev_id)
+            site.site.add_device(dev_id, ident.public_key_bytes, time.time())
+            site.site.ca.issue_bundle(d / "tls", dev_id, "device")
         prof = DeviceProfile(dev_id, flops=flops, memory_bytes=memory, uplink_bps=1e8, downlink_bps=1e8,
                              rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0, labels=labels)
-        cfg = AgentConfig(device_id=dev_id, data_dir=tmp / "agents" / dev_id, host="127.0.0.1", port=b.port,
-                          site=site, labels=labels, state_interval_s=1.0, keepalive=5, intra_op_threads=1,
-                          status_file=False)
+        fog = FogInfo(site.site.fog_id, site_name, svc.identity.public_key_bytes)
+        from edge_agent.credentials import tls_config
+        cfg = AgentConfig(device_id=dev_id, data_dir=d, host="127.0.0.1", port=site.broker.port,
+                          site=site_name, labels=labels, state_interval_s=1.0, keepalive=5, intra_op_threads=1,
+                          status_file=False, fog_key=fog.public_key, tls=tls_config(d, fog.fog_id))
         agents[dev_id] = make_agent(cfg, profile=prof).start()
 
     res: dict[str, Any] = {"workers": workers, "kills": kills}
@@ -261,7 +315,7 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
             start_agent(f"w{i}", 700_000, {"role": "worker", "power-domain": f"pd{i}"})
         want = {"cam", *(f"w{i}" for i in range(workers))}
         _wait(lambda: set(svc.call(svc.registry.alive_ids)) >= want, 60, 0.05)
-        c = FogClient("127.0.0.1", b.port, site=site)
+        c = FogClient("127.0.0.1", site.broker.port, credentials=admin)
         # plain deploys (baseline): one fresh workload at a time, send -> ack
         for k in range(3):
             c.deploy({"name": f"plain{k}", "model": "zoo:resnet", "source": "cam", "sink": "cam",
@@ -279,7 +333,10 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
             victim = host()
             n_rec = len(svc.controller.recoveries)
             t_kill = time.monotonic()
-            agents[victim].stop(crash=True)
+            # the socket drops at once (as with kill -9); the agent's own threads wind down beside us,
+            # so their joins are not counted as detection time
+            stopper = threading.Thread(target=agents[victim].stop, kwargs={"crash": True}, daemon=True)
+            stopper.start()
 
             def running_elsewhere() -> bool:
                 return bool(svc.call(lambda: [a for a in svc.controller.assignments_of("res")
@@ -289,6 +346,7 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
                 res["failed_kills"] += 1
                 continue
             t_run = time.monotonic()
+            stopper.join(10)
             rec = svc.controller.recoveries[n_rec:]
             total.append(t_run - t_kill)
             if rec:
@@ -313,7 +371,7 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
             except Exception:  # noqa: BLE001
                 pass
         svc.stop()
-        b.stop()
+        site.close()
     return res
 
 
@@ -336,9 +394,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(d)
         if "ingest" not in args.skip:
             out["ingest_cpu_single_thread"] = bench_cpu(200, 10)
-            out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections,
-                                              (("threads", 1, "sig"), ("threads", 2, "sig"), ("processes", 2, "sig"),
-                                               ("threads", 1, "mac"), ("threads", 2, "mac"), ("processes", 2, "mac")), tmp)
+            modes = [("processes", 2, "sig", False), ("processes", 2, "sig", True),
+                     ("processes", 2, "mac", False), ("processes", 2, "mac", True)]
+            if not args.quick:
+                modes = [("threads", 1, "sig", True), ("threads", 2, "mac", True)] + modes
+            out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections, modes, tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
     emit("fog", out)

@@ -72,9 +72,10 @@ class _Fleet:
     def __init__(self, tmp: Path, site: str, interval: float) -> None:
         self.tmp, self.site, self.interval = tmp, site, interval
         self.port = _free_port()
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "FOGLINE_OPERATOR_KEY": str(tmp / "operator.key")}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ids: dict[str, list[str]] = {}
+        self.fog: Any = None
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -82,9 +83,10 @@ class _Fleet:
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_fog(self) -> None:
-        self._spawn("fog", ["-m", "runtime.cli", "broker", "--port", str(self.port), "--data-dir",
-                            str(self.tmp / "fog"), "--site", self.site, "--state-interval", f"{self.interval:g}",
-                            "--no-zeroconf"])
+        """``fogline broker`` as the README starts it: TLS, client certificates, ACL (secure by default)."""
+        from simulations.local_site import LocalSite
+        self.fog = LocalSite(self.tmp / "fog", site=self.site, port=self.port, env=self.env,
+                             log=self.tmp / "fog.log", args=["--state-interval", f"{self.interval:g}"]).start(120)
 
     def start_agents(self, name: str, count: int, labels: str, profile: str = "pi4") -> None:
         width = len(str(count - 1))
@@ -92,7 +94,8 @@ class _Fleet:
         self._spawn(name, ["-m", "edge_agent", "--simulate", profile, "--count", str(count), "--id-prefix",
                            f"{name}-", "--data-dir", str(self.tmp / "agents" / name), "--broker",
                            f"127.0.0.1:{self.port}", "--site", self.site, "--state-interval",
-                           f"{self.interval:g}", "--probe-interval", "5", "--labels", labels])
+                           f"{self.interval:g}", "--probe-interval", "5", "--labels", labels,
+                           "--token", self.fog.token(uses=count)])  # each enrols over HTTPS once
 
     def kill9(self, name: str) -> None:
         p = self.procs[name]
@@ -100,6 +103,8 @@ class _Fleet:
         p.wait(10)
 
     def close(self) -> None:
+        if self.fog is not None:
+            self.fog.stop()
         for name, p in reversed(list(self.procs.items())):
             if p.poll() is None:
                 try:
@@ -148,7 +153,7 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
         t0 = time.monotonic()
         while True:
             try:
-                c = FogClient("127.0.0.1", fl.port, site=site, connect_timeout=2.0)
+                c = FogClient("127.0.0.1", fl.port, credentials=fl.fog.credentials(), connect_timeout=2.0)
                 c.status(timeout=2.0)
                 break
             except Exception:  # noqa: BLE001 - the broker is still starting

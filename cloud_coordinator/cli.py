@@ -46,8 +46,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--superlink", default="127.0.0.1:9093",
                    help="SuperLink HOST:PORT; started here unless one already listens there")
-    p.add_argument("--insecure", action="store_true",
-                   help="no TLS and no SuperNode authentication, plain MQTT (loopback addresses only)")
+    p.add_argument("--insecure", action="store_true", help="plain MQTT to --mqtt (a loopback address only)")
+    p.add_argument("--no-supernode-auth", action="store_true",
+                   help="SuperLink without TLS and SuperNode authentication (a loopback address only)")
     p.add_argument("--mqtt", default="", help="the site's fog broker HOST:PORT (summaries in, releases out)")
     p.add_argument("--credentials", type=Path, default=None,
                    help="coordinator credentials issued by the fog (fogline operators add NAME --role coordinator)")
@@ -150,7 +151,7 @@ def coordinator(args: argparse.Namespace) -> int:
         dirs = [args.checkpoint_dir.resolve(), *(d.resolve() for d in args.replica_dir)]
         CheckpointPolicy(mode=args.checkpoint_mode, keep=args.keep, quorum=args.quorum).quorum_for(len(dirs))
         host = args.superlink.rpartition(":")[0]
-        if args.insecure:
+        if args.no_supernode_auth:
             require_loopback_superlink(host)
         work = dirs[0]
         work.mkdir(parents=True, exist_ok=True)
@@ -178,12 +179,12 @@ def coordinator(args: argparse.Namespace) -> int:
             min_train_nodes=args.min_clients, seed=args.seed, export=spec.export,
             release_name=args.release_name or spec.release or spec.name,
             release_every=args.release_every or spec.every, input_shape=spec.input_shape,
-            supernodes="" if args.insecure else str(work / "supernodes.json"),
+            supernodes="" if args.no_supernode_auth else str(work / "supernodes.json"),
             summaries_dir=str(work / SUMMARIES_DIR) if creds is not None and args.mqtt else "",
             fog_keys={creds.fog.fog_id: creds.fog.public_key.hex()} if creds is not None and args.mqtt else {},
             fog_sites={creds.fog.fog_id: creds.fog.site} if creds is not None and args.mqtt else {},
             battery_floor=args.battery_floor)
-        if not args.insecure and not (work / "supernodes.json").exists():
+        if not args.no_supernode_auth and not (work / "supernodes.json").exists():
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
         staged = stage(spec, work / STAGED_DIR, overrides)
         settings_path = settings.save()
@@ -194,7 +195,7 @@ def coordinator(args: argparse.Namespace) -> int:
             assert creds is not None
             link = FogLink.connect(args.mqtt, creds, work, insecure=args.insecure)
             link.start()
-        sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.insecure,
+        sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.no_supernode_auth,
                                            args.max_restarts, args.timeout),
                          on_tick=link.publish_pending if link is not None else None)
         try:

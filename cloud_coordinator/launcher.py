@@ -312,6 +312,6 @@ def require_loopback_superlink(host: str) -> None:
     from runtime.net import is_loopback
 
     if not is_loopback(host):
-        raise LocalViolation(f"--insecure is refused for SuperLink address {host}: without TLS and SuperNode "
+        raise LocalViolation(f"--no-supernode-auth is refused for SuperLink address {host}: without TLS and SuperNode "
                              "authentication anyone who reaches it joins the federation; loopback only")
     log.warning("INSECURE: SuperLink %s without TLS or SuperNode authentication (one machine only)", host)

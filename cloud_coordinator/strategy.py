@@ -590,6 +590,7 @@ class RobustStrategy(Strategy):
                 if res is not None:
                     result.evaluate_metrics_serverapp[rnd] = res
                     entry["server"] = dict(res)
+                    entry.update({k: v for k, v in dict(res).items() if k not in entry})  # e.g. "accuracy"
             history.append(entry)
             round_s.append(time.monotonic() - r0)
             if store is not None:

@@ -191,6 +191,7 @@ class Agent:
         self._session_pair: tuple[tuple[int, bytes], SessionKeyPair] | None = None
         self.fog_id: str | None = None
         self.fog_epoch: int | None = None
+        self._wait_fog_since, self._wait_fog_retry = 0.0, 2.0
         self.births = 0
         self.states = 0
         self._last_status = ""
@@ -220,6 +221,8 @@ class Agent:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if crash:
+            self.client.stop(disconnect=False)  # as kill -9 would: the socket goes first, the Will fires
         self._inbox.put(("stop", None))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=timeout)
@@ -320,9 +323,24 @@ class Agent:
                 if now >= next_probe or now >= self.advertiser.next_due(now):
                     next_probe = now + self.cfg.probe_interval_s
                     self._observe(now)
+                    self._ask_fog_state_again(now)
             except Exception:  # noqa: BLE001 - the loop must survive any single bad message
                 self._count("handler error")
                 log.exception("%s: agent loop error on %s", self.device_id, kind)
+
+    def _ask_fog_state_again(self, now: float) -> None:
+        """Still no usable fog STATE a while after connecting: subscribe again for the retained copy.
+
+        Right after enrolment the broker may not know our ACL entry yet and hides the retained
+        STATE from our first subscription; later (non-retained) traffic would never repeat it.
+        """
+        if self.phase is not Phase.WAIT_FOG or not self.client.connected:
+            return
+        if now - self._wait_fog_since >= self._wait_fog_retry:
+            self._wait_fog_since = now
+            self._wait_fog_retry = min(self._wait_fog_retry * 2, 60.0)
+            self._count("fog state asked again")
+            self.client.resubscribe(self.topics.fog_state())
 
     def _on_connected(self) -> None:
         if self._connections and self._next_epoch is not None and self._next_signer is not None:
@@ -334,6 +352,7 @@ class Agent:
         self._next_signer, self._next_death = self._sealed_death(self._next_epoch)
         self.client.set_will(self._will(self._next_death))
         self.phase = Phase.WAIT_FOG
+        self._wait_fog_since, self._wait_fog_retry = time.monotonic(), 2.0
         log.info("%s: connected (epoch %d); waiting for the fog STATE", self.device_id, self.epoch)
 
     def _dispatch(self, m: Inbound, now: float) -> None:

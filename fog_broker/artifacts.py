@@ -29,6 +29,7 @@ MAX_SEGMENTS = 16
 # Model references that name no local file: built-in zoo models, uploaded files, coordinator releases.
 MODEL_SCHEMES = ("zoo:", "file:", "release:")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+Shapes = tuple[tuple[str, tuple[int, ...]], ...]  # a workload's input_shapes, hashable
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,9 @@ class ArtifactBuilder:
         self.max_segments = max_segments
         self.max_cached = max_cached
         self._models: dict[str, Any] = {}
-        self._profiles: dict[str, Any] = {}
-        self._splits: dict[tuple[str, int, int], BuiltPartition] = {}
+        self._analyses: dict[tuple[str, Shapes], Any] = {}
+        self._profiles: dict[tuple[str, Shapes], Any] = {}
+        self._splits: dict[tuple[str, Shapes, int, int], BuiltPartition] = {}
         self._lock = threading.Lock()
         self.builds = 0
         self.hits = 0
@@ -99,9 +101,9 @@ class ArtifactBuilder:
                 p.unlink(missing_ok=True)
                 with self._lock:
                     self._models.pop(ref, None)
-                    self._profiles.pop(ref, None)
-                    for k in [k for k in self._splits if k[0] == ref]:
-                        del self._splits[k]
+                    for cache in (self._analyses, self._profiles, self._splits):
+                        for k in [k for k in cache if k[0] == ref]:
+                            del cache[k]
                 gone += 1
         for p in self.models_dir.glob("*.tmp"):  # left by a crash mid-write
             p.unlink(missing_ok=True)
@@ -128,39 +130,77 @@ class ArtifactBuilder:
             model = onnx.load_model_from_string(path.read_bytes())
         else:
             raise RemoteViolation(f"model {ref[:80]!r} is neither zoo:NAME nor an uploaded file:SHA256")
-        model = _pin_symbolic_dims(model)
         self._models[ref] = model
         return model
 
-    def profile(self, ref: str) -> dict[str, Any]:
-        """The COST_MODEL chain profile of a model (cached)."""
-        with self._lock:
-            return dict(self._profile_locked(ref).to_dict())
+    def _analysis(self, ref: str, shapes: Shapes) -> Any:
+        """One sizing of ``ref`` for these input shapes (symbolic dims left over pinned to 1), cached."""
+        key = (ref, shapes)
+        ga = self._analyses.get(key)
+        if ga is None:
+            from models.graph import analyze, serving_dims
+            model = self._load(ref)
+            given = dict(shapes)
+            try:
+                ga = analyze(model, dims=serving_dims(model, given), input_shapes=given or None)
+            except Exception as exc:  # noqa: BLE001 - any model failure is the uploader's problem
+                raise RemoteViolation(f"cannot profile model {ref[:80]!r}: {exc}"[:300]) from None
+            self._analyses[key] = ga
+        return ga
 
-    def _profile_locked(self, ref: str) -> Any:
-        prof = self._profiles.get(ref)
+    def profile(self, ref: str, input_shapes: Shapes = ()) -> dict[str, Any]:
+        """The COST_MODEL chain profile of a model for these input shapes (cached)."""
+        with self._lock:
+            return dict(self._profile_locked(ref, tuple(input_shapes)).to_dict())
+
+    def _profile_locked(self, ref: str, shapes: Shapes) -> Any:
+        key = (ref, shapes)
+        prof = self._profiles.get(key)
         if prof is None:
             try:
-                prof = model_profile(self._load(ref), self.max_segments)
+                prof = model_profile(self._analysis(ref, shapes), self.max_segments)
             except RemoteViolation:
                 raise
             except Exception as exc:  # noqa: BLE001 - any model failure is the uploader's problem
                 raise RemoteViolation(f"cannot profile model {ref[:80]!r}: {exc}"[:300]) from None
-            self._profiles[ref] = prof
+            self._profiles[key] = prof
         return prof
+
+    def io_spec(self, ref: str) -> dict[str, list[dict[str, Any]]]:
+        """The model's own inputs and outputs: name, numpy dtype name, shape (-1 for a dynamic dim)."""
+        import onnx  # noqa: PLC0415
+
+        with self._lock:
+            model = self._load(ref)
+        inits = {t.name for t in model.graph.initializer}
+
+        def rows(vis: Any) -> list[dict[str, Any]]:
+            out = []
+            for vi in vis:
+                if vi.name in inits:
+                    continue
+                tt = vi.type.tensor_type
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "unknown"
+                shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1
+                         for d in tt.shape.dim] if tt.HasField("shape") else []
+                out.append({"name": vi.name, "dtype": dtype, "shape": shape})
+            return out
+        return {"inputs": rows(model.graph.input), "outputs": rows(model.graph.output)}
 
     # ------------------------------------------------------------ partitions
 
-    def build(self, ref: str, first: int, last: int) -> BuiltPartition:
+    def build(self, ref: str, first: int, last: int, input_shapes: Shapes = ()) -> BuiltPartition:
         """The unsigned partition of segments first..last (inclusive), cached."""
         from models.partition import split_by_segments
-        key = (ref, first, last)
+        shapes = tuple(input_shapes)
+        key = (ref, shapes, first, last)
         with self._lock:
             hit = self._splits.get(key)
             if hit is not None:
                 self.hits += 1
                 return hit
-            art = split_by_segments(self._load(ref), self._profile_locked(ref), [(first, last)])[0]
+            art = split_by_segments(self._analysis(ref, shapes), self._profile_locked(ref, shapes),
+                                    [(first, last)])[0]
             built = BuiltPartition(art.onnx_bytes, art.sha256, art.input_names, art.output_names,
                                    int(art.memory_bytes))
             if len(self._splits) >= self.max_cached:
@@ -187,23 +227,19 @@ def _check_onnx(data: bytes) -> None:
         raise RemoteViolation(f"uploaded file is not a valid ONNX model: {first[:160]}") from None
 
 
-def _pin_symbolic_dims(model: Any) -> Any:
-    """Serve one request at a time: symbolic input dims (a batch ``N``) are pinned to 1."""
-    names = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
-             if d.HasField("dim_param")}
-    if not names:
-        return model
-    from models.graph import pin_dims
-    log.info("pinning symbolic dims %s to 1", sorted(names))
-    return pin_dims(model, {n: 1 for n in names})
-
-
-def model_profile(model: Any, max_segments: int = MAX_SEGMENTS) -> Any:
+def model_profile(model: Any, max_segments: int = MAX_SEGMENTS, input_shapes: Any = None) -> Any:
     """The chain profile the scheduler places, for ``fogline place`` and the broker alike.
 
+    ``model`` is a path, a proto or a ``GraphAnalysis``; symbolic input dims that
+    ``input_shapes`` leaves open are pinned to 1 (one request at a time, as the fog serves).
     "balanced" keeps cuts near FLOP quantiles: the cheapest-bytes cuts of a CNN all
     sit at its tail, which would leave one partition with nearly all the work.
     """
     from models.cuts import chain_profile
+    from models.graph import GraphAnalysis, analyze, load_model, serving_dims
 
-    return chain_profile(_pin_symbolic_dims(model), max_segments, strategy="balanced")
+    if not isinstance(model, GraphAnalysis):
+        given = dict(input_shapes or {})
+        proto = load_model(model) if isinstance(model, (str, Path)) else model
+        model = analyze(model, dims=serving_dims(proto, given), input_shapes=given or None)
+    return chain_profile(model, max_segments, strategy="balanced")

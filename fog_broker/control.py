@@ -149,11 +149,10 @@ class ControlPlane:
             profile = None  # the stored profile may be of an older release: profile the current one
         w = Workload.from_dict(d)
         if w.model is not None and profile is None:
-            profile = svc.artifacts.profile(w.model)
+            profile = svc.artifacts.profile(w.model, w.input_shapes)
         if profile is not None and w.profile is None:
             from .placement.model import ChainProfile
-            w = Workload(**{**{f: getattr(w, f) for f in w.__dataclass_fields__},
-                            "profile": ChainProfile.from_dict(dict(profile))})
+            w = w.with_profile(ChainProfile.from_dict(dict(profile)))  # its measured segment times merged in
         return w
 
     def deploy(self, body: Mapping[str, Any], at: float, *, internal: bool = False) -> dict[str, Any]:

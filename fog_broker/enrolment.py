@@ -29,8 +29,8 @@ __all__ = ["EnrolmentServer", "MAX_BODY"]
 log = logging.getLogger("fog_broker.enrolment")
 
 MAX_BODY = 16 * 1024
-_RATE_PER_S = 5.0      # requests per second per client address (burst 20)
-_BURST = 20.0
+_RATE_PER_S = 50.0     # requests per second per client address (burst 200): a fleet behind one NAT enrols at once
+_BURST = 200.0
 _MAX_CLIENTS = 10_000  # rate-limit table bound
 
 
@@ -158,7 +158,7 @@ def _handler_for(server: EnrolmentServer) -> type[BaseHTTPRequestHandler]:
             if server._limiter.allow(self.client_address[0], time.monotonic()):
                 return False
             server.counters["rejected:rate"] += 1
-            self._send(429, {"error": "too many requests; slow down"})
+            self._send(429, {"error": "too many requests; slow down", "retry_after_s": 1})
             return True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming

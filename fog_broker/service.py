@@ -27,7 +27,10 @@ import math
 import queue
 import threading
 import time
+import uuid
 from collections import Counter
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -61,6 +64,7 @@ log = logging.getLogger("fog_broker.service")
 
 _STOP = object()
 _PING = "__fog_self_ping__"
+_LOCAL = "local:"  # reply_to of requests from this process (never an MQTT topic: no '/')
 MAX_CONTROL_BYTES = MAX_REQUEST_BYTES
 MAX_ADVERT_BYTES = 64 * 1024
 
@@ -123,6 +127,7 @@ class FogService:
         self.counters: Counter[str] = Counter()
         self.flags: dict[str, tuple[str, ...]] = {}  # device -> implausible claims in its birth
         self.inbox: queue.Queue[Any] = queue.Queue(maxsize=200_000)
+        self._local: dict[str, Future[InferenceResult]] = {}  # in-process requests awaiting the router
         # Trust: enrolled devices (ingest, results), operators (control), coordinators (releases).
         self.device_keys = TrustStore()
         self.ingest = Ingest(self.device_keys, self.session, self._put, shards=c.verify_workers,
@@ -394,12 +399,14 @@ class FogService:
             self.publish_signed(self.topics.rebirth(), Rebirth("", item[1]))
         elif kind == "other":
             self._handle_other(item[1], item[2], item[3])
+        elif kind == "local_infer":
+            self.submit_inference(item[1], item[2])
         elif kind == "call":
-            fn, box = item[1], item[2]
+            fn, fut = item[1], item[2]
             try:
-                box.append(("ok", fn()))
+                fut.set_result(fn())
             except Exception as exc:  # noqa: BLE001 - returned to the calling thread
-                box.append(("error", exc))
+                fut.set_exception(exc)
 
     def _handle_registry(self, cmds: list[Any], now: float) -> None:
         for cmd in cmds:
@@ -496,7 +503,7 @@ class FogService:
         if entry is None or entry.spec.model is None or entry.spec.profile is None:
             return
         memory = int(math.ceil(entry.spec.profile.memory_of(cmd.first, cmd.last)))
-        self._builds.put((cmd, entry.spec.model, memory))
+        self._builds.put((cmd, entry.spec.model, memory, entry.spec.input_shapes))
 
     def _build_loop(self) -> None:
         try:  # warm up: the first deploy after a failure should not wait for imports
@@ -509,16 +516,16 @@ class FogService:
             item = self._builds.get()
             if item is _STOP:
                 return
-            cmd, ref, memory = item
+            cmd, ref, memory, shapes = item
             try:
-                self._build_and_send(cmd, ref, memory)
+                self._build_and_send(cmd, ref, memory, shapes)
             except Exception as exc:  # noqa: BLE001 - a model we cannot split: NACK ourselves
                 log.error("cannot build partition %s [%d, %d]: %s", cmd.workload, cmd.first, cmd.last, exc)
                 self._put(("selfnack", cmd, f"artifact build failed: {exc}"[:300]))
 
-    def _build_and_send(self, cmd: DeployPartition, ref: str, memory: int) -> None:
+    def _build_and_send(self, cmd: DeployPartition, ref: str, memory: int, shapes: Any) -> None:
         key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
-        built = self.artifacts.build(ref, cmd.first, cmd.last)
+        built = self.artifacts.build(ref, cmd.first, cmd.last, shapes)
         self._put(("built", key, built.sha256))
         sig = self.artifacts.sign(built, cmd.workload, cmd.version, cmd.replica, cmd.index)
         msg = Deploy(cmd.command_id, cmd.workload, cmd.version, cmd.replica, cmd.index, built.sha256,
@@ -541,7 +548,12 @@ class FogService:
             if isinstance(cmd, SendActivation):
                 self._send_activation(cmd.activation)
             elif isinstance(cmd, ReplyClient):
-                self.publish_signed(cmd.reply_to, cmd.result)
+                if cmd.reply_to.startswith(_LOCAL):
+                    fut = self._local.pop(cmd.reply_to[len(_LOCAL):], None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(cmd.result)
+                else:
+                    self.publish_signed(cmd.reply_to, cmd.result)
 
     def _send_activation(self, act: Activation) -> None:
         """Issue the attempt's route ticket and seal hop 0 (``runtime.relay``)."""
@@ -649,18 +661,30 @@ class FogService:
         return site_status(self, time.monotonic() if now is None else now, **page)
 
     def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        """Run ``fn`` on the owner thread and return its result (tests, benchmarks)."""
-        box: list[tuple[str, Any]] = []
-        self.inbox.put(("call", fn, box))
-        deadline = time.monotonic() + timeout
-        while not box:
-            if time.monotonic() > deadline:
-                raise TimeoutError("owner thread did not answer")
-            time.sleep(0.005)
-        kind, value = box[0]
-        if kind == "error":
-            raise value
-        return value
+        """Run ``fn`` on the owner thread and return its result (any thread)."""
+        fut: Future[Any] = Future()
+        self.inbox.put(("call", fn, fut))
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError("the fog broker's owner thread did not answer") from None
+
+    def infer(self, workload: str, tensors: Mapping[str, Any], timeout: float = 5.0) -> "Future[InferenceResult]":
+        """Route one request from a front end in this process (the HTTP API); any thread.
+
+        The same router, failover and result checks as a request over MQTT; the future gets the
+        ``InferenceResult`` (ok or with the fog's reason). Refused at once when the inbox is full.
+        """
+        rid = uuid.uuid4().hex
+        fut: Future[InferenceResult] = Future()
+        self._local[rid] = fut
+        req = InferenceRequest(rid, workload, _LOCAL + rid, dict(tensors), float(timeout))
+        try:
+            self.inbox.put_nowait(("local_infer", req, time.monotonic()))
+        except queue.Full:
+            self._local.pop(rid, None)
+            fut.set_result(InferenceResult(rid, False, {}, "fog broker overloaded (inbox full)"))
+        return fut
 
     def verified(self) -> int:
         return self.ingest.verified()

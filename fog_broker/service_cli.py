@@ -62,6 +62,11 @@ def register_service(sub: Any) -> None:
     p.add_argument("--verify-threads", action="store_true",
                    help="verify in threads of this process instead of worker processes")
     p.add_argument("--no-zeroconf", action="store_true", help="do not advertise with mDNS")
+    p.add_argument("--http", type=int, default=None, metavar="PORT",
+                   help="also serve the Open Inference Protocol (KServe v2 REST; docs/http.md) on PORT of --host "
+                        "(0: any free port): HTTPS with the site CA, callers authenticated by a client "
+                        "certificate or an API token (fogline api-token); plain HTTP with --insecure, loopback "
+                        "only. Needs aiohttp: pip install 'fogline[fog]'")
     p.set_defaults(func=_cmd_broker)
 
     s = sub.add_parser("status", help="describe a fog broker: devices, workloads, placements, reasons")
@@ -84,13 +89,29 @@ def register_service(sub: Any) -> None:
 
     i = sub.add_parser("infer", help="run one inference through a deployed workload")
     i.add_argument("workload")
-    i.add_argument("input", metavar="INPUT", help="input tensor: .npy, or .npz with named tensors")
+    i.add_argument("input", metavar="INPUT",
+                   help="input tensors: .npy, .npz with named tensors, JSON as the Open Inference Protocol's "
+                        "{\"inputs\": [{\"name\", \"shape\", \"datatype\", \"data\"}]}, or an image (PNG, "
+                        "JPEG, ...; resized to the model's input and scaled to [0, 1]; needs Pillow)")
     _client_args(i)
     i.add_argument("--input-name", default=None, help="input tensor name (default: the model's first input, 'x')")
     i.add_argument("--timeout", type=float, default=5.0)
     i.add_argument("--out", metavar="OUT.npz", help="write the outputs here")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_infer)
+
+    t = sub.add_parser("api-token", help="mint a bearer token for the fog's HTTP inference API",
+                       description="Print an API token signed with the signing key of a credentials directory "
+                                   "(fogline operators add NAME --role app): send it as 'Authorization: Bearer "
+                                   "TOKEN' to the fog's Open Inference Protocol endpoint (fogline broker --http). "
+                                   "The fog keeps no record of it: revoking the identity revokes its tokens.")
+    t.add_argument("--credentials", default=None, metavar="DIR",
+                   help="credentials directory (default $FOGLINE_CREDENTIALS, else ~/.fogline/credentials)")
+    from .admin_cli import parse_duration
+    t.add_argument("--ttl", type=parse_duration, default=3600.0, metavar="DURATION",
+                   help="how long it is valid: 90s, 15m, 1h, 7d (1h; at most 30d)")
+    t.add_argument("--json", action="store_true", help="print {token, name, expires_at, http}")
+    t.set_defaults(func=_cmd_api_token)
 
     from .admin_cli import register_admin
     register_admin(sub)
@@ -172,6 +193,22 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from .service import FogService, ServiceConfig
     from .site import Site
 
+    if args.http is not None:
+        from runtime.net import is_loopback
+
+        from .http_api import require_aiohttp
+        try:
+            require_aiohttp()
+        except LocalViolation as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if not 0 <= args.http <= 65535:
+            print(f"error: --http {args.http} is not a TCP port (0-65535)", file=sys.stderr)
+            return 2
+        if args.insecure and not is_loopback(args.host):
+            print(f"error: --insecure --http is refused on {args.host}: plain HTTP only on a loopback address; "
+                  "without --insecure the API is served over TLS with the site CA", file=sys.stderr)
+            return 2
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     stored = json.loads((data_dir / "site.json").read_text()) if (data_dir / "site.json").exists() else {}
@@ -247,9 +284,15 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _sig)
     ad = None
     enrol = None
+    http = None
     try:
         try:
             svc.start()
+            if args.http is not None:
+                from .http_api import HttpApi
+                http = HttpApi(svc, args.host, args.http, tls_dir=None if args.insecure else tls_dir).start()
+                site.write_info(mqtt=f"{adv}:{port}", enroll=f"{adv}:{enroll_port}", http=f"{adv}:{http.port}")
+                (creds_dir / "fog.json").write_text(json.dumps(site.fog_json(), indent=1))
         except LocalViolation as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -268,7 +311,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         print(json.dumps({"event": "ready", "fog_id": cfg.fog_id, "site": cfg.site, "mqtt": f"{host}:{port}",
                           "enroll": f"{adv}:{enrol.port}", "secure": not args.insecure, "epoch": svc.epoch,
                           "public_key": svc.identity.public_key_bytes.hex(), "ca_sha256": site.ca.fingerprint,
-                          "credentials": str(creds_dir), "pid": os.getpid()}), flush=True)
+                          "credentials": str(creds_dir), "pid": os.getpid(),
+                          "http": f"{adv}:{http.port}" if http is not None else None}), flush=True)
         while not stop.wait(0.5):
             pass
     finally:
@@ -279,6 +323,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
                 pass
         if enrol is not None:
             enrol.stop()
+        if http is not None:
+            http.stop()
         svc.stop()
         if mosq is not None:
             mosq.stop()
@@ -388,11 +434,13 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .client import InferenceError
-    data = np.load(args.input)
-    if isinstance(data, np.ndarray):
-        tensors = {args.input_name or "x": data}
-    else:
-        tensors = {k: data[k] for k in data.files}
+    from .infer_inputs import InputError, is_image, load_inputs
+    try:
+        spec = _model_inputs(args) if is_image(args.input, _magic(args.input)) else None
+        tensors = load_inputs(args.input, input_name=args.input_name, inputs=spec)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     with _client(args) as c:
         try:
@@ -413,4 +461,84 @@ def _cmd_infer(args: argparse.Namespace) -> int:
             if v.ndim >= 1 and v.size > 1 and v.dtype.kind == "f":
                 print(f"  argmax: {int(np.argmax(v.reshape(v.shape[0], -1)[0]))}")
         print(f"latency: {dt * 1000:.1f} ms")
+    return 0
+
+
+def _magic(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16)
+    except OSError:
+        return b""  # load_inputs says why, in one line
+
+
+def _model_inputs(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The workload's input description, for an image: from the fog's HTTP API (``GET
+    /v2/models/NAME``) when fog.json names one, else from a zoo model's graph (via status)."""
+    from runtime.credentials import load_credentials
+
+    from .infer_inputs import InputError, zoo_inputs
+    creds = load_credentials(args.credentials)
+    if creds.fog.http:
+        import ssl
+        import urllib.error
+        import urllib.request
+        ctx = None
+        headers = {}
+        if args.insecure:
+            headers["Authorization"] = f"Bearer {_mint(creds, 300.0)}"
+            url = f"http://{creds.fog.http}/v2/models/{args.workload}"
+        else:
+            ctx = ssl.create_default_context(cafile=creds.tls.ca_file)
+            ctx.load_cert_chain(creds.tls.cert_file, creds.tls.key_file)
+            url = f"https://{creds.fog.http}/v2/models/{args.workload}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10,
+                                        context=ctx) as r:
+                return list(json.loads(r.read())["inputs"])
+        except urllib.error.HTTPError as exc:
+            try:
+                why = json.loads(exc.read()).get("error", exc.reason)
+            except ValueError:
+                why = exc.reason
+            raise InputError(f"model metadata of {args.workload!r} from {url}: {exc.code} {why}") from None
+        except (OSError, ValueError, KeyError) as exc:
+            log.info("model metadata from %s failed (%s); trying the status", url, exc)
+    try:
+        with _client(args) as c:
+            st = c.status(limit=0)
+    except Exception as exc:  # noqa: BLE001 - e.g. an app identity may not read the status
+        raise InputError(f"cannot learn the input shape of {args.workload!r} for an image ({exc}); run the fog "
+                         "broker with --http, or give a .npy/.npz/JSON tensor") from None
+    w = next((w for w in st["workloads"] if w["name"] == args.workload), None)
+    if w is None:
+        raise InputError(f"no workload named {args.workload!r} on fog {st['fog_id']}")
+    rows = zoo_inputs(str(w.get("model") or ""))
+    if rows is None:
+        raise InputError(f"cannot learn the input shape of {args.workload!r} (model {w.get('model')}) for an "
+                         "image; run the fog broker with --http, or give a .npy/.npz/JSON tensor")
+    return rows
+
+
+def _mint(creds: Any, ttl_s: float) -> str:
+    import secrets
+
+    from .api_auth import mint_token
+    return mint_token(creds.signing, creds.fog.site, creds.fog.fog_id, time.time(), ttl_s, secrets.token_bytes(8))
+
+
+def _cmd_api_token(args: argparse.Namespace) -> int:
+    from runtime.credentials import load_credentials
+
+    from .api_auth import MAX_TTL_S
+    if args.ttl > MAX_TTL_S:
+        print(f"error: --ttl is at most {MAX_TTL_S // 86400}d (a leaked token must expire)", file=sys.stderr)
+        return 2
+    creds = load_credentials(args.credentials)
+    token = _mint(creds, args.ttl)
+    if args.json:
+        print(json.dumps({"token": token, "name": creds.name, "role": creds.role, "fog_id": creds.fog.fog_id,
+                          "expires_at": int(time.time()) + int(args.ttl), "http": creds.fog.http or None}))
+    else:
+        print(token)
     return 0

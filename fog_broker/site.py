@@ -125,7 +125,7 @@ class Site:
         """Who gets rights in mosquitto: the fog, approved devices, unrevoked operators/coordinators/apps."""
         ids = {self.fog_id: "fog"}
         for d in self.db.devices():
-            if d.state == "approved" and d.cert_pem:
+            if d.state == "approved":  # without a certificate of this CA it cannot connect anyway
                 ids[d.device_id] = "device"
         for r in self.db.identities():
             if not r.revoked:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,7 @@ class MosquittoBroker(BrokerProcess):
         self.host = config.host
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = pid  # a mosquitto adopted from a previous run of the fog broker
+        self._files_lock = threading.Lock()  # enrolment threads and the fog's owner thread both update
         self.data_dir = Path(config.data_dir)
         self.run_dir = _run_dir(self.data_dir)
         self.conf_path = self.run_dir / "mosquitto.conf"
@@ -249,14 +251,16 @@ class MosquittoBroker(BrokerProcess):
         return self.conf_path
 
     def update_acl(self, text: str) -> None:
-        """Replace the ACL and reload: rights change for connected clients too."""
-        self._put("acl", text.encode())
-        self.reload()
+        """Replace the ACL and reload: rights change for connected clients too (any thread)."""
+        with self._files_lock:
+            self._put("acl", text.encode())
+            self.reload()
 
     def update_crl(self, pem: bytes) -> None:
-        """Replace the revocation list and reload: a revoked certificate cannot connect again."""
-        self._put("crl.pem", pem)
-        self.reload()
+        """Replace the revocation list and reload: a revoked certificate cannot connect again (any thread)."""
+        with self._files_lock:
+            self._put("crl.pem", pem)
+            self.reload()
 
     def reload(self) -> None:
         pid = self.proc.pid if self.proc is not None else self.pid

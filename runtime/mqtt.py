@@ -293,6 +293,12 @@ class MqttClient:
         if sub is not None and not self._stopped and self._connected.is_set():
             self._subscribe_now(tf, sub.qos)
 
+    def resubscribe(self, topic_filter: str) -> None:
+        """Subscribe again: the broker re-sends the retained message (e.g. one our ACL hid at first)."""
+        sub = self._subs.get(topic_filter)
+        if sub is not None and self._connected.is_set():
+            self._subscribe_now(topic_filter, sub.qos)
+
     def _reroute(self) -> None:
         self._routes = tuple(self._subs.items())
         self._route_cache = {}

@@ -22,6 +22,8 @@ import numpy as np
 
 from runtime.broker import free_port
 
+from .local_site import LocalSite
+
 __all__ = ["DemoConfig", "run_demo"]
 
 PROFILE_MIX = ("pi4", "pi5", "orin-nano", "pi4", "x86-gateway", "pi5", "jetson-nano", "pi4", "camera", "pi5",
@@ -159,25 +161,29 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "OMP_NUM_THREADS": "1", "FOGLINE_CACHE_DIR": str(work / "cache")}
     client = None
+    fog: LocalSite | None = None
     try:
         # 1. fog broker (it starts and owns mosquitto) --------------------------------
-        rep.step("start the fog broker (owns mosquitto) and advertise it with zeroconf")
-        port = free_port()
-        procs.start("fog-broker", _python() + ["runtime.cli", "broker", "--port", str(port), "--data-dir",
-                                               str(work / "fog"), "--site", SITE, "--state-interval", "2",
-                                               "--summary-interval", "2"], env)
-        client = _wait("the fog broker to come online", lambda: FogClient("127.0.0.1", port, site=None,
-                                                                           key=work / "operator.key"), 30)
-        rep.say(f"fog broker online: site {client.site!r}, MQTT on 127.0.0.1:{port}")
+        rep.step("start the fog broker: site CA, mosquitto with TLS + client certificates + ACL, zeroconf")
+        fog = LocalSite(work / "fog", site=SITE, env=env, log=work / "logs" / "fog-broker.log", zeroconf=True,
+                        args=["--state-interval", "2", "--summary-interval", "2"]).start()
+        port = fog.port
+        client = fog.client()
+        rep.say(f"fog broker online: site {client.site!r}, MQTT over TLS on 127.0.0.1:{port}, enrolment on "
+                f"{fog.enroll}; operator credentials in {fog.credentials()}")
+        result["security"] = {"tls": True, "ca_sha256": fog.ready.get("ca_sha256"), "enroll": fog.enroll}
 
-        # 2. agents, discovered by zeroconf -------------------------------------------
-        rep.step(f"start {cfg.agents} simulated edge agents (mixed profiles); they discover the fog by mDNS")
+        # 2. agents, discovered by zeroconf, enrolled with one bootstrap token --------
+        rep.step(f"start {cfg.agents} simulated edge agents (mixed profiles); they discover the fog by mDNS and "
+                 "enrol with one bootstrap token (fogline token create --uses N --auto-approve)")
+        token = fog.token(uses=cfg.agents, auto_approve=True)
         for i in range(cfg.agents):
             did = f"dev-{i:02d}"
             profile = PROFILE_MIX[i % len(PROFILE_MIX)]
             procs.start(did, _python() + ["edge_agent", "--simulate", profile, "--id", did, "--data-dir",
                                           str(work / "agents" / did), "--site", SITE, "--state-interval", "2",
-                                          "--labels", f"power-domain=pd-{i % 6},zone=z-{i % 2}"], env)
+                                          "--labels", f"power-domain=pd-{i % 6},zone=z-{i % 2}",
+                                          "--token", token], env)
         devices = _wait(f"{cfg.agents} devices alive",
                         lambda: (lambda st: st["devices"] if sum(d["alive"] for d in st["devices"]) >= cfg.agents
                                  else None)(client.status()), 90, poll=0.5)
@@ -278,6 +284,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         if client is not None:
             client.close()
         procs.stop_all()
+        if fog is not None:
+            fog.stop()
         result["elapsed_s"] = round(time.monotonic() - rep.t0, 1)
         result["steps"] = rep.steps
     return result

@@ -31,7 +31,9 @@ class LocalSite:
 
     def __init__(self, data_dir: str | Path, *, site: str = "default", port: int | None = None,
                  host: str = "127.0.0.1", insecure: bool = False, args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log: str | Path | None = None, verbose: int = 1) -> None:
+                 env: dict[str, str] | None = None, log: str | Path | None = None, verbose: int = 1,
+                 zeroconf: bool = False) -> None:
+        self.zeroconf = zeroconf
         self.data_dir = Path(data_dir)
         self.site = site
         self.port = port or free_port()
@@ -49,7 +51,7 @@ class LocalSite:
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "runtime.cli"] + ["-v"] * self.verbose + [
             "broker", "--data-dir", str(self.data_dir), "--site", self.site, "--port", str(self.port),
-            "--host", self.host, "--no-zeroconf"]
+            "--host", self.host] + ([] if self.zeroconf else ["--no-zeroconf"])
         return argv + (["--insecure"] if self.insecure else []) + self.args
 
     def start(self, timeout: float = 60.0) -> "LocalSite":

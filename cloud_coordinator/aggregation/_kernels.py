@@ -70,11 +70,17 @@ def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
         e = min(d, s + step)
         b = buf[:, : e - s]
         if stack:  # read the clients' buffers straight into the float64 block
-            x.read(rows, s, e, b[:n])
-            if extra is not None:
-                b[n:] = extra[:, s:e]
-            c = b[center_row].copy() if center_row is not None else avg64 @ b[:n]
-            b -= c
+            if center_row is None and x.center is not None:  # centred while read: one pass
+                cs = x.center[s:e]
+                x.read(rows, s, e, b[:n], minus=cs)
+                if extra is not None:
+                    np.subtract(extra[:, s:e], cs, out=b[n:])
+            else:
+                x.read(rows, s, e, b[:n])
+                if extra is not None:
+                    b[n:] = extra[:, s:e]
+                c = b[center_row].copy() if center_row is not None else avg64 @ b[:n]
+                b -= c
             g += b @ b.T
             continue
         xs = x[:, s:e] if rows is None else x[rows, s:e]

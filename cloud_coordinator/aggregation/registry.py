@@ -152,6 +152,8 @@ class Aggregator:
             if "clip" in self._pre:  # norms are not translation-invariant: clip true differences
                 x, base = (x.dense(base) if isinstance(x, RowStack) else
                            np.asarray(x, dtype=np.float64) - base), None
+            elif isinstance(x, RowStack):
+                x = x.centered_at(base)
         res = guarded(lambda xx, ww: self._run(xx, ww, base), x, weights, True)
         if res.state is not None:
             self._state = dict(res.state)

@@ -209,7 +209,7 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
         tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
         labels=tuple(sorted(b.labels.items())),
         taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
-        battery=battery, alive=bool(alive),
+        battery=battery, alive=bool(alive), providers=tuple(b.providers),
     )
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -109,10 +109,8 @@ class LocalGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         ids = list(self.push_messages(messages))
         out: list[Message] = []
-        for _ in range(50):
+        for _ in range(50):  # replies that are late by k pulls arrive within k + 1 rounds of pulling
             out.extend(self.pull_messages(ids))
-            if len(out) == len([i for i in ids if i in self._pending or True]):
-                break
         return out
 
 
@@ -136,10 +134,3 @@ def pull_client(target: np.ndarray, lr: float = 0.5, *, attack: str = "", exampl
                                                                                "train_loss": 1.0})})
     return fn
 
-
-def fixed_content(content_fn: Callable[[Message], RecordDict | Error]) -> Client:
-    return content_fn
-
-
-def config(**kw: Any) -> ConfigRecord:
-    return ConfigRecord(kw)

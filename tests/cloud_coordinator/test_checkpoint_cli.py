@@ -26,7 +26,7 @@ def _app(tmp: Path, **edit: str) -> Path:
     (["--rounds", "0"], "--rounds"),
     (["--superlink", "nohostport"], "HOST:PORT"),
     (["--quorum", "3"], "quorum 3 is larger than the 1 replica directory"),
-    (["--insecure", "--superlink", "192.0.2.7:9093"], "--insecure is refused"),
+    (["--no-supernode-auth", "--superlink", "192.0.2.7:9093"], "--no-supernode-auth is refused"),
     (["--app", "/nonexistent/app"], "does not exist"),
     (["--run-config", "nokey=1"], "has no nokey"),
 ])

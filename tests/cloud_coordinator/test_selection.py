@@ -86,18 +86,18 @@ def test_cores_import_no_io(module: str) -> None:
 
 
 def test_summaries_handoff_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The shell's MQTT bridge writes summary frames; the ServerApp reads them (bad files skipped)."""
-    from cloud_coordinator.flower_server import _summaries
-    from cloud_coordinator.summaries import accept
+    """The fog link stores verified envelopes under hashed names; the ServerApp re-verifies them."""
+    from cloud_coordinator.summaries import open_summary, read_summaries, store_summary
     from runtime import codec
     from runtime.security import Identity, Signer
 
     s = _fleet(DeviceSummary("a", True, flwr_node_id=5))
-    assert accept(codec.encode(s)) == s
-    env = Signer(Identity.from_seed("fog-a", b"k"), epoch=1).seal_bytes(s, 100.0)
-    assert accept(env) == s
-    assert accept(b"garbage") is None
-    (tmp_path / "fog-a.summary").write_bytes(codec.encode(s))
-    (tmp_path / "fog-b.summary").write_bytes(b"truncated")
-    assert _summaries(tmp_path) == [s]
-    assert _summaries(tmp_path / "missing") == []
+    key = Identity.from_seed(s.fog_id, b"k")
+    env = Signer(key, epoch=1).seal_bytes(s, 100.0)
+    got = open_summary(env, s.fog_id, key.public_key_bytes, s.site)
+    assert not isinstance(got, str) and got[1] == s
+    assert open_summary(codec.encode(s), s.fog_id, key.public_key_bytes, s.site) == "malformed"
+    assert open_summary(env, "../x", key.public_key_bytes, s.site) == "invalid fog id"
+    assert store_summary(tmp_path, *got) == ""
+    assert read_summaries(tmp_path, {s.fog_id: key.public_key_bytes}, {s.fog_id: s.site}) == [s]
+    assert read_summaries(tmp_path / "missing", {s.fog_id: key.public_key_bytes}, {}) == []

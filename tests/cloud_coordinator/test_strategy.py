@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, MetricRecord, RecordDict
 
 from _grid import Crash, LocalGrid, pull_client
 from cloud_coordinator.rounds import Wait, wait_decision
@@ -118,7 +118,8 @@ def test_nan_client_with_trimmed_mean_n3_is_a_failed_attempt_not_a_crash(tmp_pat
 
 
 def test_f_too_large_for_the_clients_is_one_line_and_nothing_lost(tmp_path: Path) -> None:
-    s = _strategy("bulyan", f=1, checkpoint_dirs=[tmp_path], max_attempts=1)  # needs 7
+    s = RobustStrategy("bulyan", f=1, checkpoint_dirs=[tmp_path], max_attempts=1, round_timeout=1.0,
+                       fraction_evaluate=0.0)  # needs 7
     with pytest.raises(RunFailed) as info:
         s.start(grid=_grid(5), initial_arrays=_init(), num_rounds=2)
     assert "\n" not in str(info.value) and "needs 7" in str(info.value)

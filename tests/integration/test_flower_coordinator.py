@@ -100,23 +100,27 @@ def test_pytorch_app_release_reaches_the_fog_and_predicts_like_torch(mosquitto, 
     sub.start(wait_s=5)
     dep = Deployment(tmp_path)
     try:
-        keys = [dep.authorize(f"pi-{i}") for i in range(N)]
+        n = 5  # multi_krum with f=1 needs 2f + 3
+        keys = [dep.authorize(f"pi-{i}") for i in range(n)]
         app = Path(__file__).resolve().parents[2] / "examples" / "pytorch"
         coord = dep.coordinator("--app", str(app), "--rounds", "2", "--rule", "multi_krum", "--f", "1",
                                 "--round-timeout", "90", "--grace", "2", "--timeout", "400",
                                 "--run-config", "fraction-evaluate=0.0",
                                 "--mqtt", mosquitto.address, "--credentials", str(creds.dir), "--insecure")
         dep.wait_file(dep.ck / "superlink.json", 60)
-        for i in range(N):
+        for i in range(n):
             attack = " byzantine='gaussian'" if i == 0 else ""
-            dep.node(f"pi-{i}", keys[i], f"partition-id={i} num-partitions={N}{attack}", insecure=False)
+            dep.node(f"pi-{i}", keys[i], f"partition-id={i} num-partitions={n}{attack}")
         assert dep.wait_exit(coord, 400) == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
         rep = json.loads((dep.ck / "report.json").read_text())
         assert all("pi-0" in h["rejected"] for h in rep["history"])  # the Byzantine CNN update is left out
         assert rep["history"][-1]["server"]["accuracy"] > 0.7
-        rel = codec.decode(got.get(timeout=30))
+        rels = [codec.decode(got.get(timeout=30)) for _ in range(2)]  # every round (every = 1), once each
+        assert [r.version for r in rels] == [1, 2] and got.empty()
+        rel = rels[-1]
         assert isinstance(rel, ModelRelease) and rel.workload == "digits-cnn" and rel.signer == "coord-lab"
-        _verify(rel, creds.signing.public_key_bytes)
+        for r in rels:
+            _verify(r, creds.signing.public_key_bytes)
         from _pytorch_example import Net, load_centralized_dataset  # type: ignore[import-not-found]
 
         ck, _ = CheckpointStore([dep.ck]).load_latest()

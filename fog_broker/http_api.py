@@ -1,0 +1,476 @@
+"""``fogline broker --http PORT``: the Open Inference Protocol (KServe v2 REST) at the fog.
+
+A thin adapter on its own asyncio loop thread (aiohttp): it authenticates the
+caller (``api_auth``), parses and checks the request (``oip``), and hands the
+tensors to ``FogService.infer`` -- the same router, failover and result checks
+as a request over MQTT -- then encodes the answer. The owner thread is asked
+(``svc.call``) only for a snapshot of the workloads, refreshed in the
+background at most every ``refresh_s`` and at once when a request names a
+workload the snapshot does not know or finds not ready.
+
+Endpoints (docs/http.md): ``GET /v2/health/live`` and ``/v2/health/ready``
+(no credentials: probes), and with credentials ``GET /v2``,
+``GET /v2/models/{name}[/versions/{v}]``, ``.../ready``,
+``POST .../infer``, ``POST /v2/repository/index``. TLS with the fog's broker
+certificate (site CA) always, except ``insecure`` (plain HTTP, loopback only);
+callers present a site-CA client certificate or ``Authorization: Bearer
+<fgt1 token>``, in both cases an identity with the ``infer`` right.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from runtime.errors import LocalViolation
+from runtime.net import is_loopback
+
+from . import oip
+from .api_auth import Principal, authorize, cert_principal, verify_token
+from .trust import TrustError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .service import FogService
+
+__all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY"]
+
+log = logging.getLogger("fog_broker.http")
+
+AIOHTTP_MISSING = ("--http needs aiohttp, which is not installed: pip install 'fogline[fog]' "
+                   "(or pip install 'aiohttp>=3.9')")
+MAX_BODY = 24 * 1024 * 1024       # the site broker's message limit: an activation cannot be larger
+_TOKEN_CACHE = 10_000
+_TRUST_POLL_S = 0.5               # the owner thread re-reads trust.db this often too
+
+
+def require_aiohttp() -> None:
+    """``LocalViolation`` (one line) when aiohttp cannot be imported."""
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise LocalViolation(AIOHTTP_MISSING) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    name: str
+    version: int
+    model: str | None
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    status: str
+    reasons: tuple[tuple[str, str], ...]
+    ready: bool
+
+    def why_not_ready(self) -> str:
+        if self.reasons:
+            return "; ".join(f"{k}: {v}" for k, v in self.reasons)
+        return f"status {self.status}, no healthy replica chain yet"
+
+
+def _snapshot(svc: "FogService") -> tuple[dict[str, _Workload], bool]:
+    """Owner thread: what the HTTP side needs of the controller, as immutable values."""
+    c = svc.controller
+    out = {}
+    for name, e in c.workloads.items():
+        out[name] = _Workload(name, int(e.version), e.spec.model, tuple(e.spec.input_shapes), str(e.status),
+                              tuple((str(k), str(v)) for k, v in e.reasons.items()), bool(c.chains(name)))
+    return out, bool(c.ready)
+
+
+def _result_error(name: str, error: str) -> oip.ProtocolError:
+    """The router's one-line reason -> the protocol's status."""
+    if "has no running replica" in error:
+        if error.rstrip().endswith("unknown workload"):
+            return oip.ProtocolError(404, f"unknown model {name!r}")
+        return oip.ProtocolError(503, f"model {name!r} is not ready: {error}")
+    if "overloaded" in error:
+        return oip.ProtocolError(503, error)
+    if "timed out" in error:
+        return oip.ProtocolError(504, f"inference timed out: {error}")
+    return oip.ProtocolError(500, f"inference failed: {error}")
+
+
+class _Identities:
+    """trust.db's identities as seen by this thread: re-read when ``TrustDB.version()`` moves."""
+
+    def __init__(self, svc: "FogService") -> None:
+        self.db = svc.site.db
+        self.version = -1
+        self.records: dict[str, Any] = {}
+        self.checked = -math.inf
+        self.forced = -math.inf
+
+    def refresh(self, now: float, force: bool = False) -> None:
+        if not force and now - self.checked < _TRUST_POLL_S:
+            return
+        self.checked = now
+        v = self.db.version()
+        if v != self.version:
+            self.records = {r.name: r for r in self.db.identities()}
+            self.version = v
+
+    def lookup(self, name: str) -> Any:
+        now = time.monotonic()
+        self.refresh(now)
+        rec = self.records.get(name)
+        if rec is None and now - self.forced > 0.2:  # issued a moment ago? (bounded: a stranger can't make us spin)
+            self.forced = now
+            self.refresh(now, force=True)
+            rec = self.records.get(name)
+        return rec
+
+
+class HttpApi:
+    """The Open Inference Protocol server of one ``FogService``: ``start()``, then ``stop()``."""
+
+    def __init__(self, svc: "FogService", host: str, port: int, *, tls_dir: Path | None,
+                 default_timeout_s: float = 5.0, max_body: int = MAX_BODY, refresh_s: float = 0.25) -> None:
+        require_aiohttp()
+        if tls_dir is None and not is_loopback(host):
+            raise LocalViolation(f"plain HTTP (--insecure) is refused on {host}: only on a loopback address; "
+                                 "without --insecure the API is served over TLS with the site CA")
+        self.svc = svc
+        self.host = host
+        self.port = port
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
+        self.default_timeout_s = default_timeout_s
+        self.max_body = max_body
+        self.refresh_s = refresh_s
+        self.counters: Counter[str] = Counter()
+        self._ids = _Identities(svc)
+        self._tokens: dict[str, tuple[str, bytes, Principal]] = {}  # token -> (name, key, principal)
+        self._workloads: dict[str, _Workload] = {}
+        self._fog_ready = False
+        self._snap_at = -math.inf
+        self._refreshing: asyncio.Task[None] | None = None
+        self._specs: dict[tuple[Any, ...], oip.ModelSpec] = {}
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-call")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: Any = None
+        self._thread: threading.Thread | None = None
+        self._version = _fogline_version()
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls_dir is None else "https"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls_dir is None:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(self.tls_dir / "broker.pem"), str(self.tls_dir / "broker.key"))
+        # Client certificates are optional (a bearer token also authenticates), but one that is
+        # presented must chain to the site CA; who it names is decided per request (api_auth).
+        ctx.load_verify_locations(cadata=self.svc.site.ca.ca_pem.decode())
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
+    def start(self, timeout: float = 15.0) -> "HttpApi":
+        ctx = self.ssl_context()
+        started = threading.Event()
+        failure: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve(ctx))
+            except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
+                failure.append(exc)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="fog-http", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout):
+            raise LocalViolation(f"the HTTP API did not start on {self.host}:{self.port} within {timeout:g} s")
+        if failure:
+            exc = failure[0]
+            raise LocalViolation(f"cannot serve HTTP on {self.host}:{self.port}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}")
+        if self.tls_dir is None:
+            log.warning("INSECURE: the inference API is plain HTTP on %s:%d (loopback only; callers still "
+                        "need an API token)", self.host, self.port)
+        log.info("Open Inference Protocol on %s://%s:%d/v2", self.scheme, self.host, self.port)
+        return self
+
+    async def _serve(self, ctx: ssl.SSLContext | None) -> None:
+        from aiohttp import web
+        app = web.Application(client_max_size=self.max_body, middlewares=[self._error_middleware()])
+        r = app.router
+        r.add_get("/v2/health/live", self._live)
+        r.add_get("/v2/health/ready", self._ready)
+        r.add_get("/v2", self._server_metadata)
+        r.add_get("/v2/", self._server_metadata)
+        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            r.add_get(base, self._model_metadata)
+            r.add_get(base + "/ready", self._model_ready)
+            r.add_post(base + "/infer", self._infer)
+        r.add_post("/v2/repository/index", self._index)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ctx, backlog=1024)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = int(server.sockets[0].getsockname()[1])
+
+    def stop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None or self._thread is None:
+            return
+        if self._runner is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(5.0)
+            except Exception as exc:  # noqa: BLE001 - stopping: nothing more to do than say so
+                log.warning("HTTP API shutdown: %s", exc)
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ errors and authentication
+
+    @staticmethod
+    def _error(status: int, message: str, headers: dict[str, str] | None = None) -> "web.Response":
+        from aiohttp import web
+        return web.Response(status=status, body=oip.error_body(message), content_type="application/json",
+                            headers=headers)
+
+    def _error_middleware(self) -> Callable[..., Awaitable[Any]]:
+        """Every refusal as the protocol's error object, with its status; our own bugs as a logged 500."""
+        from aiohttp import web
+
+        @web.middleware
+        async def errors(request: web.Request, handler: Callable[..., Awaitable[Any]]) -> Any:
+            try:
+                return await handler(request)
+            except oip.ProtocolError as exc:
+                self.counters[str(exc.status)] += 1
+                headers = {"Retry-After": "1"} if exc.status == 503 else None
+                if exc.status >= 500:
+                    log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
+                return self._error(exc.status, exc.message, headers)
+            except TrustError as exc:
+                self.counters[str(exc.status)] += 1
+                headers = {"WWW-Authenticate": 'Bearer realm="fogline"'} if exc.status == 401 else None
+                return self._error(exc.status, str(exc), headers)
+            except web.HTTPException as exc:  # routing (404, 405) and body limits (413)
+                self.counters[str(exc.status)] += 1
+                if exc.status == 413:
+                    return self._error(413, f"request body larger than {self.max_body} bytes")
+                return self._error(exc.status, exc.reason, {"Allow": exc.headers["Allow"]}
+                                   if "Allow" in exc.headers else None)
+            except TimeoutError as exc:  # the owner thread did not answer a snapshot in time
+                self.counters["503"] += 1
+                return self._error(503, f"fog broker busy: {exc}", {"Retry-After": "1"})
+            except Exception:  # noqa: BLE001 - a bug of ours must not take the server down
+                self.counters["500"] += 1
+                log.exception("HTTP %s %s failed", request.method, request.path)
+                return self._error(500, "internal error in the fog broker's HTTP API (logged)")
+        return errors
+
+    def _principal(self, request: "web.Request") -> Principal:
+        """Who is calling: a bearer token, else a client certificate; 401 when neither."""
+        auth = request.headers.get("Authorization")
+        if auth is not None:
+            scheme, _, cred = auth.strip().partition(" ")
+            if scheme.lower() != "bearer" or not cred.strip():
+                raise TrustError(401, "Authorization must be 'Bearer <token>' (fogline api-token)")
+            return self._token(cred.strip())
+        cert = request.transport.get_extra_info("peercert") if request.transport is not None else None
+        if cert:
+            fields = {k: v for rdn in cert.get("subject", ()) for k, v in rdn}
+            return cert_principal(str(fields.get("commonName", "")), str(fields.get("organizationalUnitName", "")),
+                                  int(str(cert.get("serialNumber", "0")), 16), self._ids.lookup)
+        raise TrustError(401, "no credentials: present a client certificate issued by the site CA or "
+                              "'Authorization: Bearer <token>' (fogline api-token --credentials DIR)")
+
+    def _token(self, token: str) -> Principal:
+        now = time.time()
+        hit = self._tokens.get(token)
+        if hit is not None:
+            name, key, p = hit
+            rec = self._ids.lookup(name)
+            if rec is not None and rec.signing_key == key and now < p.expires_at:
+                return authorize(rec, "token", p.expires_at)  # revocation and role, every time
+            self._tokens.pop(token, None)
+        cfg = self.svc.config
+        p = verify_token(token, self._ids.lookup, site=cfg.site, fog_id=cfg.fog_id, now=now)
+        if len(self._tokens) >= _TOKEN_CACHE:
+            self._tokens.clear()
+        rec = self._ids.lookup(p.name)
+        self._tokens[token] = (p.name, rec.signing_key, p)
+        return p
+
+    # ------------------------------------------------------------ workloads
+
+    async def _refresh(self) -> None:
+        loop = asyncio.get_running_loop()
+        snap, ready = await loop.run_in_executor(self._pool, self.svc.call, lambda: _snapshot(self.svc), 5.0)
+        self._workloads, self._fog_ready = snap, ready
+        self._snap_at = time.monotonic()
+
+    async def _fresh(self) -> None:
+        """A snapshot taken after this call started (joins one already under way)."""
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(task)
+        if self._snap_at < time.monotonic() - self.refresh_s:  # joined an older one: take another
+            await self._refresh()
+
+    def _touch(self) -> None:
+        """Refresh in the background when the snapshot is old; the request goes on with it."""
+        if time.monotonic() - self._snap_at > self.refresh_s and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.ensure_future(self._refresh())
+            self._refreshing.add_done_callback(_log_failure)
+
+    async def _workload(self, name: str, version: str | None) -> _Workload:
+        w = self._workloads.get(name)
+        if w is None:
+            await self._fresh()
+            w = self._workloads.get(name)
+            if w is None:
+                raise oip.ProtocolError(404, f"unknown model {name!r}: no workload of that name is placed "
+                                             "by this fog broker")
+        else:
+            self._touch()
+        if version is not None and version != str(w.version):
+            raise oip.ProtocolError(404, f"model {name!r} version {version[:20]!r} is not served "
+                                         f"(current: {w.version})")
+        return w
+
+    async def _ready_workload(self, w: _Workload) -> _Workload:
+        if not w.ready:
+            await self._fresh()
+            w = self._workloads.get(w.name, w)
+        return w
+
+    async def _spec(self, w: _Workload) -> oip.ModelSpec:
+        key = (w.name, w.version, w.model, w.input_shapes)
+        spec = self._specs.get(key)
+        if spec is None:
+            if w.model is None:
+                raise oip.ProtocolError(400, f"workload {w.name!r} has no ONNX model (a profile-only workload)")
+            io = await asyncio.get_running_loop().run_in_executor(self._pool, self.svc.artifacts.io_spec, w.model)
+            spec = oip.ModelSpec.from_io(w.name, str(w.version), io, dict(w.input_shapes))
+            if len(self._specs) > 1000:
+                self._specs.clear()
+            self._specs[key] = spec
+        return spec
+
+    # ------------------------------------------------------------ handlers
+
+    async def _live(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        return web.Response(status=200)
+
+    async def _ready(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        await self._fresh()
+        waiting = sum(1 for w in self._workloads.values() if not w.ready)
+        if not self._fog_ready:
+            return self._error(400, "the fog broker is still waiting for its devices after a start")
+        if waiting:
+            return self._error(400, f"{waiting} of {len(self._workloads)} models are not ready")
+        return web.Response(status=200)
+
+    async def _server_metadata(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        self._principal(request)
+        cfg = self.svc.config
+        return web.json_response({"name": "fogline", "version": self._version, "extensions": list(oip.EXTENSIONS),
+                                  "fog_id": cfg.fog_id, "site": cfg.site})
+
+    async def _model_metadata(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        self._principal(request)
+        w = await self._workload(request.match_info["name"], request.match_info.get("version"))
+        return web.json_response((await self._spec(w)).metadata())
+
+    async def _model_ready(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        self._principal(request)
+        w = await self._ready_workload(
+            await self._workload(request.match_info["name"], request.match_info.get("version")))
+        if not w.ready:
+            return self._error(400, f"model {w.name!r} is not ready: {w.why_not_ready()}")
+        return web.Response(status=200)
+
+    async def _index(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        self._principal(request)
+        await self._fresh()
+        rows = [{"name": w.name, "version": str(w.version), "state": "READY" if w.ready else "UNAVAILABLE",
+                 "reason": "" if w.ready else w.why_not_ready()} for w in sorted(self._workloads.values(),
+                                                                                 key=lambda x: x.name)]
+        return web.json_response(rows)
+
+    async def _infer(self, request: "web.Request") -> "web.Response":
+        from aiohttp import web
+        self._principal(request)
+        name = request.match_info["name"]
+        w = await self._workload(name, request.match_info.get("version"))
+        spec = await self._spec(w)
+        body = await request.read()
+        hl = request.headers.get("Inference-Header-Content-Length")
+        try:
+            header_length = int(hl) if hl is not None else None
+        except ValueError:
+            raise oip.ProtocolError(400, "Inference-Header-Content-Length must be an integer") from None
+        req = oip.parse_infer(body, header_length)
+        oip.check_inputs(req, spec)
+        w = await self._ready_workload(w)
+        if not w.ready:
+            raise oip.ProtocolError(503, f"model {name!r} is not ready: {w.why_not_ready()}")
+        timeout = req.timeout_s or self.default_timeout_s
+        try:
+            res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(name, req.inputs, timeout)),
+                                         timeout + 5.0)
+        except asyncio.TimeoutError:
+            raise oip.ProtocolError(504, f"no answer from the fog broker's router within {timeout + 5.0:g} s") \
+                from None
+        if not res.ok:
+            raise _result_error(name, res.error)
+        self.counters["200"] += 1
+        out, hlen = oip.encode_response(name, str(w.version), req, res.tensors, [t.name for t in spec.outputs],
+                                        {"replica": res.replica})
+        if hlen is None:
+            return web.Response(body=out, content_type="application/json")
+        return web.Response(body=out, content_type="application/octet-stream",
+                            headers={"Inference-Header-Content-Length": str(hlen)})
+
+
+def _log_failure(task: "asyncio.Task[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("workload snapshot failed: %s", task.exception())
+
+
+def _fogline_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("fogline")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source checkout)
+        return "0"
