@@ -22,7 +22,7 @@ from runtime.net import require_loopback
 from runtime.security import TrustStore, Verifier
 from runtime.topics import Topics
 
-from .release import read_release
+from .release import ReleaseError, read_release
 from .summaries import MAX_SUMMARY_BYTES, open_summary, store_summary
 
 __all__ = ["FogLink", "PUBLISHED_FILE"]
@@ -86,8 +86,13 @@ class FogLink:
         for path in sorted(self.releases_dir.glob("*.release")):
             if path.name in self.published:
                 continue
-            rel = read_release(path)
-            frame = path.read_bytes()
+            try:
+                rel = read_release(path)
+                frame = path.read_bytes()
+            except (ReleaseError, OSError) as exc:
+                log.error("not publishing %s: %s", path.name, exc)
+                self.published[path.name] = {"error": str(exc)}
+                continue
             if not self.client.publish(self.topics.release(), frame, qos=1, retain=False).wait(timeout_s):
                 log.warning("release %s v%d not acknowledged by %s:%d; will retry", rel.workload, rel.version,
                             self.client.host, self.client.port)

@@ -152,7 +152,8 @@ class Supervisor:
             cmd += ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
                     "--enable-supernode-auth"]
         logf = open(self.dir / "superlink.log", "ab")  # noqa: SIM115 - owned by the child
-        self.superlink = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+        # cwd: what the ServerApp writes to its working directory (a final_model.pt) lands in the work dir
+        self.superlink = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir,
                                           preexec_fn=_die_with_parent)
         logf.close()
         self.owned = True
@@ -221,7 +222,7 @@ class Supervisor:
         logf = open(self.dir / "flwr-run.log", "ab")  # noqa: SIM115 - owned by the child
         self.run_proc = subprocess.Popen(
             [_bin("flwr"), "run", str(self.opts.app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
-            stdout=logf, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent)
+            stdout=logf, stderr=subprocess.STDOUT, env=self.env, cwd=self.dir, preexec_fn=_die_with_parent)
         logf.close()
 
     def _json(self, name: str, since: float) -> dict[str, Any] | None:

@@ -244,9 +244,9 @@ class RobustStrategy(Strategy):
             return devices, {}
         sel = select_clients(fleet, time.time(), policy, np.random.default_rng([self.seed, server_round]))
         log.info("round %d selection: %s", server_round, explain(sel))
-        chosen = set(sel.selected)
-        return ({n: d for n, d in devices.items() if d in chosen},
-                {d: why for d, why in sel.reasons.items() if why != "selected"})
+        # A device no fog reports on is not excluded: the summaries can only say who cannot afford a round.
+        unfit = {d: why for d, why in sel.reasons.items() if why != "selected"}
+        return {n: d for n, d in devices.items() if d not in unfit}, unfit
 
     # ------------------------------------------------------------------ Flower API: training
 
@@ -622,6 +622,7 @@ class RobustStrategy(Strategy):
         """Up to ``max_attempts`` attempts; a round that cannot aggregate keeps the model and goes on."""
         metrics: MetricRecord | None = None
         failures: list[str] = []
+        too_few = 0  # attempts that could not even reach the quorum's number of clients
         for number in range(1, self.max_attempts + 1):
             have = self._wait_nodes(grid, max(self.quorum, self.min_available_nodes), wait)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
@@ -631,6 +632,7 @@ class RobustStrategy(Strategy):
                 att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} clients, "
                                f"{len(msgs)} eligible of {have} connected")
                 failures.append(att.failure)
+                too_few += 1
                 log.warning("round %d attempt %d: %s", rnd, number, att.failure)
                 continue
             replies = self._collect(grid, msgs, self.quorum, wait)
@@ -643,9 +645,8 @@ class RobustStrategy(Strategy):
                 return new, metrics
             failures.append(att.failure)
             log.warning("round %d attempt %d failed: %s", rnd, number, att.failure)
-        last = self._attempt
-        if last is not None and last.answered < self.quorum and not last.rejected:
-            # Too few clients even answered for this rule and f: that is the configuration, not an attack.
+        if too_few == self.max_attempts:
+            # Never enough clients for this rule and f: that is the configuration, not an attack.
             raise self._fail(f"round {rnd}: {failures[-1]}; lower f, use another rule or add clients")
         entry["skipped"] = failures[-1] if failures else "no attempt"
         log.error("round %d skipped, the model is unchanged: %s", rnd, entry["skipped"])

@@ -17,7 +17,7 @@ A client certificate counts when the site CA issued it (the TLS layer checks
 that), its CN names an identity of the site that is not revoked, its serial is
 that identity's current one (a re-issued identity's old certificate is dead)
 and its OU is that identity's role. Either way the role must hold the
-``infer`` right (``trust.CONTROL_RIGHTS``). Pure: no I/O, no clock (``now``
+``infer`` right, or the one the endpoint names (``trust.CONTROL_RIGHTS``). Pure: no I/O, no clock (``now``
 is passed in), no randomness (``nonce`` is passed in).
 """
 from __future__ import annotations
@@ -127,9 +127,9 @@ def parse_token(text: str) -> tuple[Claims, bytes, bytes]:
 
 
 def verify_token(text: str, lookup: Callable[[str], Record | None], *, site: str, fog_id: str,
-                 now: float) -> Principal:
+                 now: float, right: str = "infer") -> Principal:
     """The principal a bearer token proves, or ``TrustError`` (401: not a valid token for this fog;
-    403: a valid token of an identity that is revoked or may not infer)."""
+    403: a valid token of an identity that is revoked or lacks ``right``)."""
     claims, signed, sig = parse_token(text)
     rec = lookup(claims.sub)
     if rec is None:
@@ -146,10 +146,11 @@ def verify_token(text: str, lookup: Callable[[str], Record | None], *, site: str
         raise TrustError(401, "token issued in the future (check the clocks)")
     if now >= claims.exp:
         raise TrustError(401, "token expired; mint a new one with `fogline api-token`")
-    return authorize(rec, "token", float(claims.exp))
+    return authorize(rec, "token", float(claims.exp), right)
 
 
-def cert_principal(cn: str, ou: str, serial: int, lookup: Callable[[str], Record | None]) -> Principal:
+def cert_principal(cn: str, ou: str, serial: int, lookup: Callable[[str], Record | None],
+                   right: str = "infer") -> Principal:
     """The principal a site-CA client certificate proves (CN, OU, serial), or ``TrustError(403)``."""
     rec = lookup(cn)
     if rec is None:
@@ -158,13 +159,13 @@ def cert_principal(cn: str, ou: str, serial: int, lookup: Callable[[str], Record
         raise TrustError(403, f"certificate of {cn!r} was superseded or revoked")
     if ou != rec.role:
         raise TrustError(403, f"certificate of {cn!r} names role {ou[:32]!r}, not {rec.role!r}")
-    return authorize(rec, "certificate")
+    return authorize(rec, "certificate", right=right)
 
 
-def authorize(rec: Record, via: str, expires_at: float = float("inf")) -> Principal:
-    """The same rule as MQTT: not revoked, and the role may ``infer``."""
+def authorize(rec: Record, via: str, expires_at: float = float("inf"), right: str = "infer") -> Principal:
+    """The same rule as MQTT: not revoked, and the role holds ``right`` (``trust.CONTROL_RIGHTS``)."""
     if rec.revoked:
         raise TrustError(403, f"identity {rec.name!r} was revoked")
-    if not may_control(rec.role, "infer"):
-        raise TrustError(403, f"{rec.name} ({rec.role}) may not infer")
+    if not may_control(rec.role, right):
+        raise TrustError(403, f"{rec.name} ({rec.role}) may not {right}")
     return Principal(rec.name, rec.role, via, expires_at)

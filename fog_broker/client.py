@@ -30,6 +30,7 @@ from runtime.security import Signer, TrustStore, Verifier, sha256_hex
 from runtime.topics import Topics
 
 from .artifacts import MODEL_SCHEMES
+from .control import refusal_id
 
 __all__ = ["FogClient", "InferenceError", "ControlError", "load_workloads_file"]
 
@@ -155,26 +156,24 @@ class FogClient:
         msg = self._open(m.payload)
         rid = getattr(msg, "request_id", None)
         with self._lock:
-            if isinstance(msg, ControlReply) and rid == "" and not msg.ok:
-                # the fog refused a request it could not even read (bad signature, clock, rights):
-                # it cannot name which, so every waiting request ends with that reason, not a timeout
-                waiters = list(self._waiters.values())
-            else:
-                waiters = [w] if isinstance(rid, str) and (w := self._waiters.get(rid)) is not None else []
-        for ev, box in waiters:
-            if not box:
-                box.append(msg)
-                ev.set()
+            # a refusal of a request the fog could not read names our envelope (refusal_id), not the id
+            w = self._waiters.get(rid) if isinstance(rid, str) else None
+        if w is not None and not w[1]:
+            w[1].append(msg)
+            w[0].set()
 
-    def _seal(self, msg: Any) -> bytes:
+    def _seal(self, msg: Any) -> tuple[bytes, str]:
+        """The sealed request and the id a refusal of it would carry."""
         with self._sign_lock:
-            return self._signer.seal_bytes(msg, time.time())
+            env = self._signer.seal(msg, time.time())
+        return codec.encode(env), refusal_id(env)
 
-    def _await(self, rid: str, payload: bytes, topic: str, timeout: float) -> Any:
+    def _await(self, rid: str, sealed: tuple[bytes, str], topic: str, timeout: float) -> Any:
+        payload, refused = sealed
         ev: threading.Event = threading.Event()
         box: list[Any] = []
         with self._lock:
-            self._waiters[rid] = (ev, box)
+            self._waiters[rid] = self._waiters[refused] = (ev, box)
         try:
             self._mqtt.publish(topic, payload)
             if not ev.wait(timeout):
@@ -183,6 +182,7 @@ class FogClient:
         finally:
             with self._lock:
                 self._waiters.pop(rid, None)
+                self._waiters.pop(refused, None)
 
     def _hello(self, timeout: float) -> dict[str, Any]:
         """Say hello until the fog answers: it proves both directions work for this identity.

@@ -9,6 +9,7 @@ go only to the signer's own reply topic, sealed by the fog.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import math
@@ -28,12 +29,17 @@ from .ratelimit import RateLimit
 if TYPE_CHECKING:
     from .service import FogService
 
-__all__ = ["ControlPlane", "json_default", "MAX_REQUEST_BYTES"]
+__all__ = ["ControlPlane", "json_default", "refusal_id", "MAX_REQUEST_BYTES"]
 
 MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
 
 log = logging.getLogger("fog_broker.control")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def refusal_id(env: Envelope) -> str:
+    """The id a refusal of ``env`` carries: the sender can compute it from what it sent, no one else."""
+    return "refused:" + hashlib.sha256(env.signature).hexdigest()[:32]
 
 
 def json_default(obj: Any) -> Any:
@@ -53,7 +59,7 @@ class ControlPlane:
         self.roles: dict[str, str] = {}
         self.verifier = Verifier(self.keys, max_size=MAX_REQUEST_BYTES)
         self.counters: Counter[str] = Counter()
-        self._refusals = RateLimit(20.0, 40.0)
+        self._refusals: dict[str, RateLimit] = {}  # claimed sender -> its refusal budget
 
     def set_identities(self, identities: Mapping[str, tuple[str, bytes]]) -> None:
         """Replace who may sign requests (name -> (role, key)); called when trust.db changes."""
@@ -82,21 +88,33 @@ class ControlPlane:
             reason = getattr(exc, "reason", "malformed")
             self.counters[f"rejected:{reason}"] += 1
             log.warning("request from %s refused: %s", env.sender[:64], exc)
-            self._refuse(env.sender, f"request refused: {reason}")
+            self._refuse(env, f"request refused: {reason}")
             return None
         if action is not None and not may_control(self.roles.get(env.sender, ""), action):
             self.counters["rejected:no right"] += 1
             log.warning("%s (%s) may not %s; refused", env.sender, self.roles.get(env.sender), action)
-            self._refuse(env.sender, f"{env.sender} ({self.roles.get(env.sender, 'unknown')}) may not {action}")
+            self._refuse(env, f"{env.sender} ({self.roles.get(env.sender, 'unknown')}) may not {action}")
             return None
         return inner
 
-    def _refuse(self, sender: str, why: str) -> None:
-        """Tell the named sender, on its own reply topic (only it can read that), why nothing happened:
-        a request whose payload we never decoded has no id, so the reply's id is empty. Rate-limited."""
-        if not _NAME.match(sender) or not self._refusals.take(time.monotonic()):
+    def _refuse(self, env: Envelope, why: str) -> None:
+        """Tell the named sender, on its own reply topic (only it can read that), why nothing happened.
+
+        A request whose payload we never decoded has no request id, so the refusal names the
+        envelope instead (``refusal_id``): a client ends only the request it sent that way, and a
+        forgery in its name ends nothing of its own. Rate-limited per claimed sender.
+        """
+        sender = env.sender
+        if not _NAME.match(sender):
             return
-        self.svc.publish_signed(self.svc.topics.reply(sender), ControlReply("", False, b"", why))
+        bucket = self._refusals.get(sender)
+        if bucket is None:
+            if len(self._refusals) >= 10_000:
+                self._refusals.clear()
+            bucket = self._refusals[sender] = RateLimit(5.0, 20.0)
+        if not bucket.take(time.monotonic()):
+            return
+        self.svc.publish_signed(self.svc.topics.reply(sender), ControlReply(refusal_id(env), False, b"", why))
 
     def handle(self, env: Any, at: float) -> None:
         svc = self.svc
@@ -156,6 +174,12 @@ class ControlPlane:
         return w
 
     def deploy(self, body: Mapping[str, Any], at: float, *, internal: bool = False) -> dict[str, Any]:
+        try:
+            return self._deploy(body, at, internal)
+        finally:
+            self.svc.collect_blobs()  # a refused deploy leaves no uploaded bytes behind
+
+    def _deploy(self, body: Mapping[str, Any], at: float, internal: bool) -> dict[str, Any]:
         svc = self.svc
         blobs = body.get("blobs") or {}
         if not isinstance(blobs, dict):
@@ -200,7 +224,6 @@ class ControlPlane:
             svc.store.put_quotas({t: q.memory_bytes for t, q in qs.items()})
             svc.controller.set_quotas({t: Quota(m) for t, m in svc.store.quotas().items()})
         svc.mark_dirty()
-        svc.collect_blobs()
         return {"deployed": out}
 
     def delete(self, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,9 @@ Endpoints (docs/http.md): ``GET /v2/health/live`` and ``/v2/health/ready``
 ``POST .../infer``, ``POST /v2/repository/index``. TLS with the fog's broker
 certificate (site CA) always, except ``insecure`` (plain HTTP, loopback only);
 callers present a site-CA client certificate or ``Authorization: Bearer
-<fgt1 token>``, in both cases an identity with the ``infer`` right.
+<fgt1 token>``, in both cases an identity with the ``infer`` right. Other endpoints
+(the site page, metrics) join the same server with ``extend``, and the same authentication
+(``principal(request, right)``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from runtime import codec
 from runtime.errors import LocalViolation
 from runtime.net import is_loopback
 
@@ -42,13 +45,17 @@ if TYPE_CHECKING:
 
     from .service import FogService
 
-__all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY"]
+__all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY", "MAX_TENSOR_BYTES"]
 
 log = logging.getLogger("fog_broker.http")
 
 AIOHTTP_MISSING = ("--http needs aiohttp, which is not installed: pip install 'fogline[fog]' "
                    "(or pip install 'aiohttp>=3.9')")
-MAX_BODY = 24 * 1024 * 1024       # the site broker's message limit: an activation cannot be larger
+# An activation frame (tensors + route ticket) must decode on the device (runtime.relay: codec's
+# DEFAULT_MAX_SIZE); the body may be larger, as JSON numbers take several bytes per element.
+MAX_TENSOR_BYTES = codec.DEFAULT_MAX_SIZE - (256 << 10)
+MAX_BODY = 64 * 1024 * 1024
+_INLINE_BYTES = 256 << 10          # bodies and answers above this are parsed / encoded off the event loop
 _TOKEN_CACHE = 10_000
 _TRUST_POLL_S = 0.5               # the owner thread re-reads trust.db this often too
 
@@ -87,17 +94,19 @@ def _snapshot(svc: "FogService") -> tuple[dict[str, _Workload], bool]:
     return out, bool(c.ready)
 
 
-def _result_error(name: str, error: str) -> oip.ProtocolError:
-    """The router's one-line reason -> the protocol's status."""
-    if "has no running replica" in error:
-        if error.rstrip().endswith("unknown workload"):
-            return oip.ProtocolError(404, f"unknown model {name!r}")
-        return oip.ProtocolError(503, f"model {name!r} is not ready: {error}")
-    if "overloaded" in error:
-        return oip.ProtocolError(503, error)
-    if "timed out" in error:
-        return oip.ProtocolError(504, f"inference timed out: {error}")
-    return oip.ProtocolError(500, f"inference failed: {error}")
+_FAILURE_STATUS = {"unknown": 404, "not ready": 503, "overloaded": 503, "timeout": 504, "failed": 500}
+
+
+def _result_error(name: str, res: Any) -> oip.ProtocolError:
+    """The router's failure kind -> the protocol's status (the error text stays the router's)."""
+    status = _FAILURE_STATUS.get(res.failure, 500)
+    if status == 404:
+        return oip.ProtocolError(404, f"unknown model {name!r}")
+    if res.failure == "not ready":
+        return oip.ProtocolError(503, f"model {name!r} is not ready: {res.error}")
+    if res.failure == "timeout":
+        return oip.ProtocolError(504, f"inference timed out: {res.error}")
+    return oip.ProtocolError(status, res.error if status == 503 else f"inference failed: {res.error}")
 
 
 class _Identities:
@@ -108,7 +117,6 @@ class _Identities:
         self.version = -1
         self.records: dict[str, Any] = {}
         self.checked = -math.inf
-        self.forced = -math.inf
 
     def refresh(self, now: float, force: bool = False) -> None:
         if not force and now - self.checked < _TRUST_POLL_S:
@@ -123,8 +131,7 @@ class _Identities:
         now = time.monotonic()
         self.refresh(now)
         rec = self.records.get(name)
-        if rec is None and now - self.forced > 0.2:  # issued a moment ago? (bounded: a stranger can't make us spin)
-            self.forced = now
+        if rec is None:  # issued a moment ago? A version check is one PRAGMA; a re-read only if it moved
             self.refresh(now, force=True)
             rec = self.records.get(name)
         return rec
@@ -146,19 +153,36 @@ class HttpApi:
         self.default_timeout_s = default_timeout_s
         self.max_body = max_body
         self.refresh_s = refresh_s
+        self.shutdown_timeout_s = min(10.0, default_timeout_s + 1.0)
         self.counters: Counter[str] = Counter()
         self._ids = _Identities(svc)
         self._tokens: dict[str, tuple[str, bytes, Principal]] = {}  # token -> (name, key, principal)
         self._workloads: dict[str, _Workload] = {}
         self._fog_ready = False
-        self._snap_at = -math.inf
+        self._snap_at = -math.inf          # when the snapshot in use was asked for (monotonic)
         self._refreshing: asyncio.Task[None] | None = None
+        self._refresh_asked = -math.inf    # when the refresh in flight was asked for
         self._specs: dict[tuple[Any, ...], oip.ModelSpec] = {}
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-call")
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-call")  # svc.call, io_spec
+        self._codec_pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-codec")  # large bodies
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
         self._thread: threading.Thread | None = None
         self._version = _fogline_version()
+        self._extensions: list[Callable[[Any, HttpApi], None]] = []
+
+    def extend(self, register: Callable[["web.Application", "HttpApi"], None]) -> None:
+        """Add routes (the site page, metrics) before ``start()``: ``register(app, api)`` is called with
+        the aiohttp application. Handlers run on this server's loop; they authenticate with
+        ``api.principal(request, right)`` and read the fog with ``await api.owner_call(fn)``; a
+        ``TrustError`` or ``oip.ProtocolError`` they raise is answered as ``{"error": ...}``."""
+        if self._runner is not None:
+            raise LocalViolation("HttpApi.extend() after start()")
+        self._extensions.append(register)
+
+    async def owner_call(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
+        """``svc.call(fn)`` (``fn`` runs on the fog's owner thread) without blocking this loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.svc.call, fn, timeout)
 
     @property
     def scheme(self) -> str:
@@ -228,13 +252,17 @@ class HttpApi:
             r.add_get(base + "/ready", self._model_ready)
             r.add_post(base + "/infer", self._infer)
         r.add_post("/v2/repository/index", self._index)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        for register in self._extensions:
+            register(app, self)
+        # On stop, requests in flight get up to shutdown_timeout_s to be answered (the router answers
+        # every accepted request within its timeout); the fog service stops after this server.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=self.shutdown_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ctx, backlog=1024)
         await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = int(server.sockets[0].getsockname()[1])
+        if self._runner.addresses:  # the port bound (PORT 0: any free one)
+            self.port = int(self._runner.addresses[0][1])
 
     def stop(self) -> None:
         loop, self._loop = self._loop, None
@@ -242,13 +270,14 @@ class HttpApi:
             return
         if self._runner is not None and loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(5.0)
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(self.shutdown_timeout_s + 2.0)
             except Exception as exc:  # noqa: BLE001 - stopping: nothing more to do than say so
                 log.warning("HTTP API shutdown: %s", exc)
         if loop.is_running():
             loop.call_soon_threadsafe(loop.stop)
         self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._codec_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ errors and authentication
 
@@ -291,33 +320,35 @@ class HttpApi:
                 return self._error(500, "internal error in the fog broker's HTTP API (logged)")
         return errors
 
-    def _principal(self, request: "web.Request") -> Principal:
-        """Who is calling: a bearer token, else a client certificate; 401 when neither."""
+    def principal(self, request: "web.Request", right: str = "infer") -> Principal:
+        """Who is calling, holding ``right``: a bearer token, else a client certificate; ``TrustError``
+        otherwise (401 no or bad credentials, 403 revoked or without the right), which the server
+        answers as ``{"error": ...}``. For handlers added with ``extend`` too."""
         auth = request.headers.get("Authorization")
         if auth is not None:
             scheme, _, cred = auth.strip().partition(" ")
             if scheme.lower() != "bearer" or not cred.strip():
                 raise TrustError(401, "Authorization must be 'Bearer <token>' (fogline api-token)")
-            return self._token(cred.strip())
+            return self._token(cred.strip(), right)
         cert = request.transport.get_extra_info("peercert") if request.transport is not None else None
         if cert:
             fields = {k: v for rdn in cert.get("subject", ()) for k, v in rdn}
             return cert_principal(str(fields.get("commonName", "")), str(fields.get("organizationalUnitName", "")),
-                                  int(str(cert.get("serialNumber", "0")), 16), self._ids.lookup)
+                                  int(str(cert.get("serialNumber", "0")), 16), self._ids.lookup, right)
         raise TrustError(401, "no credentials: present a client certificate issued by the site CA or "
                               "'Authorization: Bearer <token>' (fogline api-token --credentials DIR)")
 
-    def _token(self, token: str) -> Principal:
+    def _token(self, token: str, right: str) -> Principal:
         now = time.time()
         hit = self._tokens.get(token)
         if hit is not None:
             name, key, p = hit
             rec = self._ids.lookup(name)
             if rec is not None and rec.signing_key == key and now < p.expires_at:
-                return authorize(rec, "token", p.expires_at)  # revocation and role, every time
+                return authorize(rec, "token", p.expires_at, right)  # revocation and role, every time
             self._tokens.pop(token, None)
         cfg = self.svc.config
-        p = verify_token(token, self._ids.lookup, site=cfg.site, fog_id=cfg.fog_id, now=now)
+        p = verify_token(token, self._ids.lookup, site=cfg.site, fog_id=cfg.fog_id, now=now, right=right)
         if len(self._tokens) >= _TOKEN_CACHE:
             self._tokens.clear()
         rec = self._ids.lookup(p.name)
@@ -326,26 +357,32 @@ class HttpApi:
 
     # ------------------------------------------------------------ workloads
 
-    async def _refresh(self) -> None:
-        loop = asyncio.get_running_loop()
-        snap, ready = await loop.run_in_executor(self._pool, self.svc.call, lambda: _snapshot(self.svc), 5.0)
-        self._workloads, self._fog_ready = snap, ready
-        self._snap_at = time.monotonic()
+    async def _refresh(self, asked: float) -> None:
+        snap, ready = await self.owner_call(lambda: _snapshot(self.svc))
+        if asked >= self._snap_at:  # never replace a newer snapshot by an older one that finished later
+            self._workloads, self._fog_ready, self._snap_at = snap, ready, asked
 
-    async def _fresh(self) -> None:
-        """A snapshot taken after this call started (joins one already under way)."""
+    def _start_refresh(self) -> "asyncio.Task[None]":
+        self._refresh_asked = time.monotonic()
+        self._refreshing = task = asyncio.ensure_future(self._refresh(self._refresh_asked))
+        task.add_done_callback(_log_failure)
+        return task
+
+    async def _fresh(self, max_age: float = 0.0) -> None:
+        """A snapshot asked for at most ``max_age`` s before this call (0: after it began); joins a
+        refresh in flight that is recent enough, so a burst of callers costs one owner-thread call."""
+        began = time.monotonic()
+        if max_age > 0 and began - self._snap_at <= max_age:
+            return
         task = self._refreshing
-        if task is None or task.done():
-            task = self._refreshing = asyncio.ensure_future(self._refresh())
+        if task is None or task.done() or self._refresh_asked < began - max_age:
+            task = self._start_refresh()
         await asyncio.shield(task)
-        if self._snap_at < time.monotonic() - self.refresh_s:  # joined an older one: take another
-            await self._refresh()
 
     def _touch(self) -> None:
         """Refresh in the background when the snapshot is old; the request goes on with it."""
         if time.monotonic() - self._snap_at > self.refresh_s and (self._refreshing is None or self._refreshing.done()):
-            self._refreshing = asyncio.ensure_future(self._refresh())
-            self._refreshing.add_done_callback(_log_failure)
+            self._start_refresh()
 
     async def _workload(self, name: str, version: str | None) -> _Workload:
         w = self._workloads.get(name)
@@ -389,7 +426,7 @@ class HttpApi:
 
     async def _ready(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        await self._fresh()
+        await self._fresh(self.refresh_s)  # no credentials needed: probes get a snapshot <= refresh_s old
         waiting = sum(1 for w in self._workloads.values() if not w.ready)
         if not self._fog_ready:
             return self._error(400, "the fog broker is still waiting for its devices after a start")
@@ -399,20 +436,20 @@ class HttpApi:
 
     async def _server_metadata(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        self._principal(request)
+        self.principal(request)
         cfg = self.svc.config
         return web.json_response({"name": "fogline", "version": self._version, "extensions": list(oip.EXTENSIONS),
                                   "fog_id": cfg.fog_id, "site": cfg.site})
 
     async def _model_metadata(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        self._principal(request)
+        self.principal(request)
         w = await self._workload(request.match_info["name"], request.match_info.get("version"))
         return web.json_response((await self._spec(w)).metadata())
 
     async def _model_ready(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        self._principal(request)
+        self.principal(request)
         w = await self._ready_workload(
             await self._workload(request.match_info["name"], request.match_info.get("version")))
         if not w.ready:
@@ -421,7 +458,7 @@ class HttpApi:
 
     async def _index(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        self._principal(request)
+        self.principal(request)
         await self._fresh()
         rows = [{"name": w.name, "version": str(w.version), "state": "READY" if w.ready else "UNAVAILABLE",
                  "reason": "" if w.ready else w.why_not_ready()} for w in sorted(self._workloads.values(),
@@ -430,7 +467,7 @@ class HttpApi:
 
     async def _infer(self, request: "web.Request") -> "web.Response":
         from aiohttp import web
-        self._principal(request)
+        self.principal(request)
         name = request.match_info["name"]
         w = await self._workload(name, request.match_info.get("version"))
         spec = await self._spec(w)
@@ -440,8 +477,12 @@ class HttpApi:
             header_length = int(hl) if hl is not None else None
         except ValueError:
             raise oip.ProtocolError(400, "Inference-Header-Content-Length must be an integer") from None
-        req = oip.parse_infer(body, header_length)
-        oip.check_inputs(req, spec)
+        if len(body) > _INLINE_BYTES:
+            req = await asyncio.get_running_loop().run_in_executor(self._codec_pool, oip.parse_infer, body,
+                                                                   header_length)
+        else:
+            req = oip.parse_infer(body, header_length)
+        oip.check_inputs(req, spec, MAX_TENSOR_BYTES)
         w = await self._ready_workload(w)
         if not w.ready:
             raise oip.ProtocolError(503, f"model {name!r} is not ready: {w.why_not_ready()}")
@@ -453,14 +494,23 @@ class HttpApi:
             raise oip.ProtocolError(504, f"no answer from the fog broker's router within {timeout + 5.0:g} s") \
                 from None
         if not res.ok:
-            raise _result_error(name, res.error)
+            raise _result_error(name, res)
         self.counters["200"] += 1
-        out, hlen = oip.encode_response(name, str(w.version), req, res.tensors, [t.name for t in spec.outputs],
-                                        {"replica": res.replica})
+        order = [t.name for t in spec.outputs]
+        if sum(np_nbytes(a) for a in res.tensors.values()) > _INLINE_BYTES:
+            out, hlen = await asyncio.get_running_loop().run_in_executor(
+                self._codec_pool, oip.encode_response, name, str(w.version), req, res.tensors, order,
+                {"replica": res.replica})
+        else:
+            out, hlen = oip.encode_response(name, str(w.version), req, res.tensors, order, {"replica": res.replica})
         if hlen is None:
             return web.Response(body=out, content_type="application/json")
         return web.Response(body=out, content_type="application/octet-stream",
                             headers={"Inference-Header-Content-Length": str(hlen)})
+
+
+def np_nbytes(a: Any) -> int:
+    return int(getattr(a, "nbytes", 0))
 
 
 def _log_failure(task: "asyncio.Task[None]") -> None:

@@ -160,11 +160,11 @@ def image_inputs(filename: str, data: bytes, inputs: Sequence[Mapping[str, Any]]
         raise InputError(f"{filename}: reading images needs Pillow (pip install pillow); "
                          "or give a .npy/.npz/JSON tensor") from None
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
+        opened = Image.open(io.BytesIO(data))
+        opened.load()
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InputError(f"{filename}: not a readable image ({_first_line(exc)})") from None
-    img = img.convert("L" if c == 1 else "RGB")
+    img = opened.convert("L" if c == 1 else "RGB")
     size = (w if w > 0 else img.width, h if h > 0 else img.height)
     if img.size != size:
         img = img.resize(size, Image.Resampling.BILINEAR)

@@ -198,6 +198,8 @@ def _from_json(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...], where: s
             arr = arr.astype(bool)
         else:
             arr = np.asarray(data)
+            if arr.size == 0:  # [] (or [[]]) parses as float64: no element says anything about the type
+                arr = arr.astype(dtype.newbyteorder("="))
             if arr.dtype.kind not in "iufb" or (dtype.kind in "iu" and arr.dtype.kind == "f"):
                 raise ValueError(f"elements are not {'integers' if dtype.kind in 'iu' else 'numbers'}")
             if dtype.kind in "iu" and arr.size:
@@ -303,9 +305,10 @@ def parse_infer(body: bytes, header_length: int | None = None) -> InferRequest:
                         params, timeout_s)
 
 
-def check_inputs(req: InferRequest, spec: ModelSpec) -> None:
+def check_inputs(req: InferRequest, spec: ModelSpec, max_bytes: int | None = None) -> None:
     """The request's tensors against the model: every input present, known, of its datatype and shape;
-    every requested output known. A ``ProtocolError(400)`` naming the first problem."""
+    every requested output known; ``ProtocolError(400)`` naming the first problem. More than
+    ``max_bytes`` of tensors (what one activation can carry): ``ProtocolError(413)``."""
     want = {t.name for t in spec.inputs}
     for name, arr in req.inputs.items():
         t = spec.input(name)
@@ -321,6 +324,10 @@ def check_inputs(req: InferRequest, spec: ModelSpec) -> None:
     missing = sorted(want - set(req.inputs))
     if missing:
         raise ProtocolError(400, f"missing input {missing[0]!r} of model {spec.name!r}")
+    size = sum(a.nbytes for a in req.inputs.values())
+    if max_bytes is not None and size > max_bytes:
+        raise ProtocolError(413, f"inputs of {size} bytes exceed the {max_bytes} bytes an activation may carry "
+                                 "to a device")
     outs = {t.name for t in spec.outputs}
     for o in req.outputs:
         if outs and o.name not in outs:

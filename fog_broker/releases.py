@@ -46,6 +46,10 @@ class ReleaseBook:
                             ArtifactSignature(msg.sha256, msg.signer, msg.signature, dict(msg.metadata)))
         except SecurityError as exc:
             return f"bad signature ({exc.reason})"
+        # The signature covers the metadata, not the message's own name and version fields: a
+        # captured release resent as v999999999, or under another name, must not pass as one.
+        if msg.metadata.get("workload") != msg.workload or msg.metadata.get("version") != str(msg.version):
+            return "relabelled (name or version differ from the signed ones)"
         return ""
 
     def accept(self, msg: ModelRelease, ref: str) -> None:

@@ -9,6 +9,7 @@ or a timeout it retries once on another chain, then answers with the error.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -64,7 +65,8 @@ class Router:
         self._by_request: dict[str, str] = {}     # client request id -> attempt id
         self.counters: dict[str, int] = {"accepted": 0, "answered": 0, "failed": 0, "retries": 0,
                                           "timeouts": 0, "late": 0, "refused": 0}
-        self.latencies: list[float] = []
+        self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
+        self.latency_by_workload: dict[str, deque[float]] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -76,11 +78,12 @@ class Router:
             return []  # a QoS1 duplicate of a request in flight
         if len(self._pending) >= self.config.max_pending:
             self.counters["refused"] += 1
-            return [self._error(req, f"router overloaded ({len(self._pending)} requests pending)")]
+            return [self._error(req, f"router overloaded ({len(self._pending)} requests pending)", "overloaded")]
         if not chains:
             self.counters["refused"] += 1
             return [self._error(req, f"workload '{req.workload}' has no running replica"
-                                     + (f": {why_none}" if why_none else ""))]
+                                     + (f": {why_none}" if why_none else ""),
+                                "unknown" if why_none == "unknown workload" else "not ready")]
         timeout = req.timeout_s if req.timeout_s > 0 else self.config.default_timeout_s
         timeout = min(timeout, self.config.max_timeout_s)
         self.counters["accepted"] += 1
@@ -109,6 +112,7 @@ class Router:
         if res.ok:
             self.counters["answered"] += 1
             self.latencies.append(now - p.received_at)
+            self.latency_by_workload.setdefault(p.request.workload, deque(maxlen=500)).append(now - p.received_at)
             return [ReplyClient(p.request.reply_to, InferenceResult(
                 p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0],
                 now - p.received_at))]
@@ -139,6 +143,11 @@ class Router:
                 out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
         return out
 
+    def measured_p50(self, workload: str) -> float | None:
+        """Median receive -> answer time of the workload's last answered requests (None: none yet)."""
+        xs = sorted(self.latency_by_workload.get(workload, ()))
+        return xs[len(xs) // 2] if xs else None
+
     def workloads_in_flight(self) -> set[str]:
         return {p.request.workload for p in self._pending.values()}
 
@@ -154,7 +163,8 @@ class Router:
                 self.counters["retries"] += 1
                 return self._send(p, fresh, now, wall)
         self.counters["failed"] += 1
-        return [self._error(p.request, "; ".join(p.errors))]
+        timed_out = bool(p.errors) and all(e.endswith("timed out") for e in p.errors)
+        return [self._error(p.request, "; ".join(p.errors), "timeout" if timed_out else "failed")]
 
     def _send(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         chain = chains[0]
@@ -173,5 +183,5 @@ class Router:
                          dict(p.request.tensors), wall + remaining)
         return [SendActivation(chain[1][0].device_id, act)]
 
-    def _error(self, req: InferenceRequest, error: str) -> ReplyClient:
-        return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000]))
+    def _error(self, req: InferenceRequest, error: str, failure: str) -> ReplyClient:
+        return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000], failure=failure))

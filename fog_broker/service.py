@@ -310,6 +310,12 @@ class FogService:
         """Control, releases, inference requests and results: decoded under tight budgets here,
         authenticated on the owner thread (which holds the keys and the windows)."""
         topic = m.topic
+        if topic == self.topics.release() and m.retain:
+            # releases are never retained: a retained one would come back at every restart
+            self.counters["release:retained"] += 1
+            if m.payload:
+                self.mqtt.publish(topic, b"", retain=True)  # clear it
+            return
         try:
             if topic == self.topics.release():
                 msg: Any = codec.decode(m.payload, max_size=MAX_CONTROL_BYTES, max_objects=4096, max_arrays=0)

@@ -489,8 +489,8 @@ def _model_inputs(args: argparse.Namespace) -> list[dict[str, Any]] | None:
             headers["Authorization"] = f"Bearer {_mint(creds, 300.0)}"
             url = f"http://{creds.fog.http}/v2/models/{args.workload}"
         else:
-            ctx = ssl.create_default_context(cafile=creds.tls.ca_file)
-            ctx.load_cert_chain(creds.tls.cert_file, creds.tls.key_file)
+            ctx = ssl.create_default_context(cafile=str(creds.dir / "ca.pem"))
+            ctx.load_cert_chain(str(creds.dir / "cert.pem"), str(creds.dir / "key.pem"))
             url = f"https://{creds.fog.http}/v2/models/{args.workload}"
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10,

@@ -47,6 +47,8 @@ def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
             "index": a.index, "segments": [a.first, a.last], "device": a.device,
             "phase": a.phase.value, "attempts": a.attempts, "reason": a.reason or None})
     costs = dict(enumerate(e.replicas))
+    predicted = min((r.latency_s for r in e.replicas if r.latency_s is not None), default=None)
+    measured = svc.router.measured_p50(name)
     return {
         "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
         "priority": e.spec.priority, "replicas": e.spec.replicas,
@@ -57,6 +59,9 @@ def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
                        "energy_j": costs[r].energy_j if r in costs else None}
                       for r, parts in sorted(reps.items())],
         "reasons": dict(e.reasons), "evicted": name in c.evicted,
+        # the plan's end-to-end latency (cost model, best replica) against what requests took
+        "latency": {"predicted_s": predicted, "measured_p50_s": measured,
+                    "error": None if predicted is None or not measured else round((predicted - measured) / measured, 4)},
     }
 
 

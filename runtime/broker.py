@@ -216,6 +216,8 @@ class MosquittoBroker(BrokerProcess):
             "max_queued_messages 10000",
             "max_inflight_messages 100",
             f"message_size_limit {int(c.max_message_bytes)}",
+            # refuse an oversized packet at its header, before mosquitto buffers it (0: no limit)
+            *([f"max_packet_size {int(c.max_message_bytes) + 65536}"] if c.max_message_bytes else []),
             # without it each small broker->client write waits on Nagle + delayed ACK (~40 ms a hop)
             "set_tcp_nodelay true",
             f"persistence {'true' if c.persistence else 'false'}",

@@ -402,6 +402,16 @@ class InferenceResult(Message):
     device_id: str = ""
     replica: int = 0
     latency_s: float = 0.0
+    # why it failed, for programs (the error text is for people): "unknown" workload, "not ready"
+    # (pending, no running chain), "overloaded", "timeout", "failed" (a stage answered an error)
+    failure: str = ""
+
+    def validate(self) -> None:
+        if self.failure not in FAILURES:
+            raise RemoteViolation(f"unknown failure kind {self.failure[:40]!r}")
+
+
+FAILURES = frozenset({"", "unknown", "not ready", "overloaded", "timeout", "failed"})
 
 
 # -------------------------------------------------------------- fog <-> cloud, control

@@ -28,9 +28,9 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs)
 
 
-def require_loopback(host: str, flag: str = "--insecure") -> None:
+def require_loopback(host: str, flag: str = "--insecure", what: str = "plain MQTT") -> None:
     """Refuse ``flag`` for a non-loopback ``host``; on loopback, warn loudly and go on."""
     if not is_loopback(host):
-        raise LocalViolation(f"{flag} is refused for {host}: plain MQTT only on a loopback address; use TLS "
+        raise LocalViolation(f"{flag} is refused for {host}: {what} only on a loopback address; use TLS "
                              "credentials (docs/security.md) for anything else")
-    log.warning(INSECURE_WARNING, host)
+    log.warning(INSECURE_WARNING.replace("plain MQTT", what), host)

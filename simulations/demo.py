@@ -29,6 +29,8 @@ __all__ = ["DemoConfig", "run_demo"]
 PROFILE_MIX = ("pi4", "pi5", "orin-nano", "pi4", "x86-gateway", "pi5", "jetson-nano", "pi4", "camera", "pi5",
                "orin-nano", "pi4")
 SITE = "demo"
+RELEASE = "digits-cnn"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +270,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                 f"(detection -> running {rec[-1] if rec else '?'} s)")
 
         # 5. federated rounds with Byzantine clients, coordinator crash -----------------
-        fl = _federated(cfg, work, procs, env, rep, port, result)
+        fl = _federated(cfg, work, procs, env, rep, fog, result)
         counters.update(fl)
 
         # 6. the released model reaches the fleet -------------------------------------
@@ -307,37 +309,53 @@ def _progress(rep: Reporter, total: int, what: str) -> Callable[[int], None]:
 
 
 def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str], rep: Reporter,
-               mqtt_port: int, result: dict[str, Any]) -> dict[str, Any]:
+               fog: LocalSite, result: dict[str, Any]) -> dict[str, Any]:
+    """The PyTorch CNN app (examples/pytorch) trained by authenticated SuperNodes, robust rounds,
+    a kill -9 of the coordinator and a resume, and signed releases of the CNN to the fog."""
+    from cloud_coordinator.launcher import READY_FILE, TLS_DIR
     from cloud_coordinator.store import REPORT_FILE, CheckpointStore
+    from runtime.credentials import load_credentials
 
-    rep.step(f"federated training: {cfg.rounds} robust rounds, {cfg.fl_nodes} Flower SuperNodes, "
-             f"{cfg.byzantine} Byzantine (sign-flip)")
+    rep.step(f"federated training of the CNN app (examples/pytorch): {cfg.rounds} robust rounds, {cfg.fl_nodes} "
+             f"authenticated Flower SuperNodes, {cfg.byzantine} Byzantine (sign-flip)")
     superlink = free_port()
-    nodes_env = dict(env)
-    for i in range(cfg.fl_nodes):
-        attack = " byzantine='sign-flip'" if i >= cfg.fl_nodes - cfg.byzantine else ""
-        node_env = {**nodes_env, "FLWR_HOME": str(work / "flower" / f"node-{i}")}
-        procs.start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{superlink}",
-                                       "--port", str(free_port()), "--node-config",
-                                       f"device-id='dev-{i + 2:02d}' partition-id={i} "
-                                       f"num-partitions={cfg.fl_nodes}{attack}"], node_env)
     ckpt, replica = work / "ckpt", work / "ckpt-replica"
-    argv = _python() + ["runtime.cli", "coordinator", "--rounds", str(cfg.rounds), "--rule", cfg.rule,
-                        "--f", str(cfg.byzantine), "--seed", str(cfg.seed), "--checkpoint-dir", str(ckpt),
-                        "--replica-dir", str(replica), "--superlink", f"127.0.0.1:{superlink}",
-                        "--min-clients", str(cfg.fl_nodes - cfg.byzantine), "--num-partitions", str(cfg.fl_nodes),
-                        "--round-timeout", "60", "--grace", "3", "--release-every", "2",
-                        "--mqtt", f"127.0.0.1:{mqtt_port}", "--site", SITE, "--workload", "digits",
-                        "--timeout", "240"]
+    fogline = _python() + ["runtime.cli"]
+    creds = fog.issue("coordinator", role="coordinator")  # fogline operators add coordinator --role coordinator
+    keys: dict[str, Path] = {}
+    for i in range(cfg.fl_nodes):  # each device's SuperNode key, registered with the coordinator
+        dev = f"dev-{i + 2:02d}"
+        kdir = work / "flower" / dev
+        subprocess.run(fogline + ["supernodes", "keygen", "--out", str(kdir)], env=env, check=True,
+                       capture_output=True)
+        subprocess.run(fogline + ["supernodes", "add", dev, str(kdir / "supernode.pub"), "--checkpoint-dir",
+                                  str(ckpt)], env=env, check=True, capture_output=True)
+        keys[dev] = kdir / "supernode.key"
+    argv = fogline + ["coordinator", "--app", str(REPO / "examples" / "pytorch"), "--rounds", str(cfg.rounds),
+                      "--rule", cfg.rule, "--f", str(cfg.byzantine), "--seed", str(cfg.seed),
+                      "--checkpoint-dir", str(ckpt), "--replica-dir", str(replica),
+                      "--superlink", f"127.0.0.1:{superlink}", "--min-clients", str(cfg.fl_nodes - cfg.byzantine),
+                      "--round-timeout", "90", "--grace", "3", "--release", RELEASE, "--release-every", "2",
+                      "--run-config", "fraction-evaluate=0.0", "--mqtt", fog.mqtt, "--credentials", str(creds),
+                      "--timeout", "300"]
     procs.start("coordinator", argv, env)
-    store = CheckpointStore([ckpt, replica])
+    _wait("the SuperLink with the SuperNode keys registered", lambda: (ckpt / READY_FILE).exists(), 90, poll=0.3)
+    for i, (dev, key) in enumerate(keys.items()):
+        attack = " byzantine='sign-flip'" if i >= cfg.fl_nodes - cfg.byzantine else ""
+        procs.start(f"supernode-{i}", ["flower-supernode", "--superlink", f"127.0.0.1:{superlink}",
+                                       "--port", str(free_port()), "--root-certificates",
+                                       str(ckpt / TLS_DIR / "ca.pem"), "--auth-supernode-private-key", str(key),
+                                       "--node-config", f"partition-id={i} num-partitions={cfg.fl_nodes}{attack}"],
+                    {**env, "FLWR_HOME": str(work / "flower" / f"node-{i}")})
+    # checkpoints are signed with the coordinator's own key: resume (and this demo) trust only that
+    store = CheckpointStore([ckpt, replica], trusted_key=load_credentials(creds).signing.public_key_bytes)
 
     def latest_round() -> int:
         ck, _ = store.load_latest()
         return ck.server_round if ck is not None else 0
 
     kill_after = min(2, cfg.rounds - 1)
-    _wait(f"round {kill_after} checkpoint", lambda: latest_round() >= kill_after, 150, poll=0.5)
+    _wait(f"round {kill_after} checkpoint", lambda: latest_round() >= kill_after, 240, poll=0.5)
     rep.say(f"round {latest_round()} checkpointed; [red]kill -9 the coordinator[/red] (with its SuperLink)"
             if rep.console else "kill -9 the coordinator")
     at_kill = latest_round()
@@ -345,57 +363,64 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
     result["faults"].append({"kind": "kill -9 coordinator", "target": "coordinator", "after_round": at_kill,
                              "at_s": round(time.monotonic() - rep.t0, 2)})
     t_restart = time.monotonic()
-    procs.start("coordinator-restarted", argv, env)
+    procs.start("coordinator-restarted", argv, env)  # the SuperNodes reconnect by themselves
     report_path = ckpt / REPORT_FILE
     report = _wait("the restarted coordinator to finish",
-                   lambda: (json.loads(report_path.read_text()) if report_path.exists() else None), 240, poll=1.0)
+                   lambda: (json.loads(report_path.read_text()) if report_path.exists() else None), 300, poll=1.0)
     resumed = report.get("resumed_from")
     result["recoveries"].append({"fault": "kill -9 coordinator", "resumed_from_round": resumed,
                                  "finished_after_restart_s": round(time.monotonic() - t_restart, 1)})
     history = report.get("history", [])
-    result["federated"] = {"rule": cfg.rule, "history": history, "resumed_from": resumed,
-                           "releases": sorted(p.name for p in (ckpt / "releases").glob("*"))
-                           if (ckpt / "releases").exists() else []}
+    result["federated"] = {"rule": cfg.rule, "app": "examples/pytorch", "history": history, "resumed_from": resumed,
+                           "releases": [r.get("version") for r in report.get("releases", [])],
+                           "killed_after_round": at_kill}
     accs = [h.get("accuracy") for h in history]
     rep.say(f"resumed from round {resumed}; accuracy per round: "
             + ", ".join(f"{a:.3f}" for a in accs if a is not None))
-    result["federated"]["killed_after_round"] = at_kill
     return {"rounds_completed": int(report.get("rounds_done", 0)),
             "rounds_repeated": max(0, at_kill - int(resumed or 0))}
 
 
 def _release(cfg: DemoConfig, work: Path, client: Any, rep: Reporter, result: dict[str, Any]) -> int:
-    """Deploy the workload that follows the coordinator's releases; check it against the numpy model."""
+    """Serve the released CNN as partitions; its answers must equal torch's on the final checkpoint."""
+    import importlib.util
+
+    import torch
+
     from cloud_coordinator.store import CheckpointStore
-    import onnx
+    from runtime.credentials import load_credentials
 
-    from models.train import SoftmaxRegression, load_digits_split, to_onnx
-
-    rep.step("release: the signed trained model reaches the fog broker; serve it as workload 'digits'")
+    rep.step(f"release: the signed CNN reaches the fog broker; serve it as workload {RELEASE!r} (partitions)")
     rel = _wait("the final model release at the fog broker",
-                lambda: (lambda r: r if r and r.get("version") == cfg.rounds else None)(
-                    client.status().get("releases", {}).get("digits")), 60, poll=0.5)
-    client.deploy({"name": "digits", "tenant": "demo", "priority": 5, "replicas": 1, "objective": "latency",
+                lambda: (lambda r: r if r and int(r.get("version", 0)) >= cfg.rounds else None)(
+                    client.status(limit=0).get("releases", {}).get(RELEASE)), 90, poll=0.5)
+    client.deploy({"name": RELEASE, "tenant": "demo", "priority": 5, "replicas": 1, "objective": "latency",
                    "source": "dev-00", "sink": "dev-01", "selectors": {}, "tolerations": [],
-                   "model": "release:digits"})
-    wl = client.wait_running("digits", timeout=60)
-    ckpt, _ = CheckpointStore([work / "ckpt", work / "ckpt-replica"]).load_latest()
-    model = SoftmaxRegression()
-    model.set_weights(list(ckpt.weights))
-    test_x, test_y = load_digits_split(cfg.fl_nodes, seed=cfg.seed).test
-    exported = to_onnx(list(ckpt.weights))
-    exported = exported if not isinstance(exported, bytes) else onnx.load_from_string(exported)
-    name = exported.graph.input[0].name
-    n = min(50, len(test_x))
+                   "model": f"release:{RELEASE}", "min_partitions": 2})
+    wl = client.wait_running(RELEASE, timeout=90)
+    spec = importlib.util.spec_from_file_location("demo_pytorch_task",
+                                                  REPO / "examples" / "pytorch" / "pytorchexample" / "task.py")
+    assert spec is not None and spec.loader is not None
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    key = load_credentials(work / "fog" / "credentials" / "coordinator").signing.public_key_bytes
+    ck, _ = CheckpointStore([work / "ckpt", work / "ckpt-replica"], trusted_key=key).load_latest()
+    assert ck is not None
+    net = task.Net()
+    net.load_state_dict({n: torch.from_numpy(np.asarray(w)) for n, w in zip(ck.names, ck.weights)})
+    net.eval()
+    x = next(iter(task.load_centralized_dataset()))[0][:50]
+    with torch.no_grad():
+        want = net(x).argmax(dim=1).numpy()
     agree = 0
-    for i in range(n):
-        x = test_x[i:i + 1].astype(np.float32)
-        out = client.infer("digits", {name: x}, timeout=5.0)
-        pred = int(np.argmax(next(iter(out.values()))))
-        agree += pred == int(model.predict(x)[0])
+    for i in range(len(x)):
+        out = client.infer(RELEASE, {"x": x[i:i + 1].numpy()}, timeout=5.0)
+        agree += int(np.argmax(next(iter(out.values())))) == int(want[i])
+    n = len(x)
     result["release"] = {"release_version": rel["version"], "workload_version": wl["version"],
-                         "signer": rel.get("signer"), "accuracy_at_release": rel.get("accuracy"),
-                         "placement": wl["placement"], "checked": n, "agreement": agree / n}
-    rep.say(f"release v{rel['version']} (signed by {rel.get('signer')}, accuracy {rel.get('accuracy')}) "
-            f"serving as digits v{wl['version']}: {agree}/{n} predictions equal the numpy model's")
+                         "signer": rel.get("signer"), "placement": wl["placement"], "checked": n,
+                         "agreement": agree / n}
+    parts = sum(len(r["partitions"]) for r in wl["placement"])
+    rep.say(f"release v{rel['version']} (signed by {rel.get('signer')}) serving as {RELEASE} v{wl['version']} in "
+            f"{parts} partitions: {agree}/{n} predictions equal torch's")
     return agree

@@ -182,6 +182,18 @@ class LocalSite:
         from fog_broker.client import FogClient
         return FogClient("127.0.0.1", self.port, credentials=self.credentials(name), insecure=self.insecure, **kw)
 
+    def spawn_agents(self, agents: list[dict[str, Any]], directory: str | Path, log: str | Path,
+                     interval: float = 1.0) -> subprocess.Popen[bytes]:
+        """One process of simulated agents with custom profiles (``simulations.agent_group``), enrolled
+        with a fresh token; in its own session, so ``os.killpg`` is a kill -9 of the whole group."""
+        spec = {"agents": agents, "dir": str(directory), "port": self.port, "enroll": self.enroll,
+                "token": self.token(uses=len(agents)), "interval": interval}
+        env = dict(self.env or os.environ)
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+        with open(log, "ab") as err:
+            return subprocess.Popen([sys.executable, "-m", "simulations.agent_group", json.dumps(spec)],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
     def agent_argv(self, device_id: str, data_dir: str | Path, *extra: str, token: str | None = None) -> list[str]:
         """``python -m edge_agent`` enrolling with a token on first start (unless already enrolled)."""
         argv = [sys.executable, "-m", "edge_agent", "--broker", self.mqtt, "--id", device_id,

@@ -11,7 +11,11 @@ def print_report(result: dict[str, Any]) -> None:
     c = result.get("counters", {})
     fed = result.get("federated", {})
     hist = fed.get("history", [])
+    sec = result.get("security", {})
+    rel = result.get("release", {})
     rows = [
+        ("site security", f"TLS + client certificates + ACL, devices enrolled by token (CA {str(sec.get('ca_sha256', '?'))[:12]}...)"
+         if sec.get("tls") else "INSECURE (plain MQTT)"),
         ("devices", str(len(result.get("devices", [])))),
         ("deploy (3 partitions x 2 replicas)", f"{result.get('deploy_s', '?')} s to running"),
         ("requests sent / answered / lost", f"{c.get('requests_sent', 0)} / {c.get('requests_answered', 0)} / "
@@ -25,7 +29,10 @@ def print_report(result: dict[str, Any]) -> None:
     for rec in result.get("recoveries", []):
         detail = ", ".join(f"{k} {v}" for k, v in rec.items() if k != "fault")
         rows.append((f"recovery: {rec['fault']}", detail))
-    rows.append(("model release", ", ".join(fed.get("releases", [])) or "none"))
+    rows.append(("model releases (versions)", ", ".join(str(v) for v in fed.get("releases", [])) or "none"))
+    if rel:
+        rows.append(("released CNN served as partitions", f"v{rel.get('release_version')}: {rel.get('checked')} "
+                     f"predictions, agreement with torch {rel.get('agreement', 0):.0%}"))
     rows.append(("elapsed", f"{result.get('elapsed_s', '?')} s"))
     rows.append(("verdict", "OK" if result.get("ok") else "FAILED"))
     try:
@@ -113,7 +120,7 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
-    ax.set_title("Federated training (digits)")
+    ax.set_title("Federated training (PyTorch CNN app, digits)")
     fig.tight_layout()
     paths.append(out / "accuracy.png")
     fig.savefig(paths[-1], dpi=110)

@@ -76,3 +76,28 @@ def test_supernodes_keys_refuse_duplicates(tmp_path: Path, capsys: pytest.Captur
     assert main(["supernodes", "add", "../x", str(tmp_path / "k2" / "supernode.pub"), *ck]) == 2
     assert main(["supernodes", "list", *ck]) == 0
     assert capsys.readouterr().out.startswith("dev-1\t")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("body, msg", [
+    ("return b'not onnx'", "export hook output is not a valid ONNX model"),
+    ("raise RuntimeError('no exporter here')", "export hook failed: RuntimeError: no exporter here"),
+])
+def test_export_hook_failing_in_the_serverapp_is_one_line(tmp_path: Path, body: str, msg: str) -> None:
+    """The hook imports fine but fails on real arrays: the ServerApp stops before round one, no restart."""
+    import subprocess
+    import sys
+
+    from runtime.broker import free_port
+
+    app = _app(tmp_path, **{'export = "digits_app.task:to_onnx"': 'export = "digits_app.task:broken"'})
+    with open(app / "digits_app" / "task.py", "a") as fh:
+        fh.write(f"\n\ndef broken(arrays):\n    {body}\n")
+    ck = tmp_path / "ck"
+    out = subprocess.run([str(Path(sys.executable).parent / "fogline"), "coordinator", "--app", str(app),
+                          "--checkpoint-dir", str(ck), "--superlink", f"127.0.0.1:{free_port()}",
+                          "--no-supernode-auth", "--timeout", "120"], capture_output=True, text=True, timeout=150)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and msg in errors[0], out.stderr[-2000:]
+    assert not list(ck.glob("ckpt-*")) and not list(ck.glob(".*tmp*")) and not (ck / "releases").exists()

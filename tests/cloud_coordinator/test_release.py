@@ -69,3 +69,38 @@ def test_resolve_export_and_names() -> None:
     with pytest.raises(ReleaseError, match="invalid release name"):
         Release("../etc", export=_hook)
     assert Release("d", export=_hook, every=2).due(4, 5) and Release("d", export=_hook, every=2).due(5, 5)
+
+
+@pytest.mark.integration
+def test_fogline_release_publishes_a_signed_model(mosquitto, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import queue
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
+    from _coordinator import FogSigner, make_credentials
+
+    from runtime.cli import main
+    from runtime.mqtt import MqttClient
+    from runtime.topics import Topics
+
+    creds = make_credentials(tmp_path / "creds", "coord-x", FogSigner("fog-x", "site-x"))
+    model = tmp_path / "m.onnx"
+    model.write_bytes(export_onnx(_hook, _arrays()))
+    got: queue.Queue[bytes] = queue.Queue()
+    sub = MqttClient("fog-x-test", mosquitto.host, mosquitto.port)
+    sub.subscribe(Topics("site-x").release(), lambda m: got.put(m.payload))
+    sub.start(wait_s=5)
+    try:
+        args = ["--broker", mosquitto.address, "--credentials", str(creds.dir), "--insecure"]
+        assert main(["release", str(model), "--name", "digits", "--version", "7", *args]) == 0
+        rel = codec.decode(got.get(timeout=10))
+        assert isinstance(rel, ModelRelease) and (rel.workload, rel.version, rel.signer) == ("digits", 7, "coord-x")
+        _verify(rel, creds.signing.public_key_bytes)
+        (tmp_path / "bad.onnx").write_bytes(b"nope")
+        capsys.readouterr()
+        assert main(["release", str(tmp_path / "bad.onnx"), "--name", "digits", *args]) == 2
+        assert "not a valid ONNX model" in capsys.readouterr().err
+        assert got.empty()
+    finally:
+        sub.stop()

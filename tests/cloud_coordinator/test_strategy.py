@@ -169,3 +169,26 @@ def test_works_under_flowers_own_round_loop() -> None:
 ])
 def test_wait_decision(args: tuple, want: Wait) -> None:  # type: ignore[type-arg]
     assert wait_decision(*args) is want
+
+
+def test_energy_aware_selection_from_verified_summaries(tmp_path: Path) -> None:
+    import time as _time
+
+    from cloud_coordinator.settings import Settings
+    from cloud_coordinator.summaries import open_summary, store_summary
+    from runtime.messages import DeviceSummary, FleetSummary
+    from runtime.security import Identity, Signer
+
+    fog = Identity.from_seed("fog-a", b"k")
+    fleet = FleetSummary("fog-a", "lab", _time.time(), (DeviceSummary("node-101", True, battery_level=0.05),
+                                                        DeviceSummary("node-102", True, battery_level=0.9)))
+    got = open_summary(Signer(fog, 1).seal_bytes(fleet, _time.time()), "fog-a", fog.public_key_bytes, "lab")
+    assert not isinstance(got, str)
+    store_summary(tmp_path / "summaries", *got)
+    s = _strategy("median", f=1)
+    s.apply_settings(Settings(str(tmp_path), summaries_dir=str(tmp_path / "summaries"),
+                              fog_keys={"fog-a": fog.public_key_bytes.hex()}, fog_sites={"fog-a": "lab"}))
+    g = _grid(5)  # node-101 .. node-105; the fog knows two of them
+    s.start(grid=g, initial_arrays=_init(), num_rounds=1)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["history"][0]["clients"] == ["node-102", "node-103", "node-104", "node-105"]

@@ -37,7 +37,7 @@ def test_success_path_relays_the_result() -> None:
     (reply,) = r.result(InferenceResult(act.request_id, True, {"y": np.ones(1)}, device_id="b"), [C0, C1], 0.5, 100.5)
     assert isinstance(reply, ReplyClient) and reply.result.ok and reply.result.request_id == "r1"
     assert reply.reply_to == "fogline/v1/s/reply/cli"
-    assert len(r) == 0 and r.latencies == [0.5]
+    assert len(r) == 0 and list(r.latencies) == [0.5]
 
 
 def test_error_fails_over_to_another_chain_once() -> None:
@@ -81,3 +81,22 @@ def test_duplicate_request_ids_are_ignored_and_overload_is_refused() -> None:
     assert r.submit(req("r1"), [C0], 0.0, 0.0) == []
     (reply,) = r.submit(req("r2"), [C0], 0.0, 0.0)
     assert isinstance(reply, ReplyClient) and "overloaded" in reply.result.error
+
+
+def test_failures_carry_a_kind_for_programs() -> None:
+    r = Router("fogline/v1/s/reply/fog", RouterConfig(max_pending=1))
+    (unknown,) = r.submit(req("u"), [], 0.0, 100.0, "unknown workload")
+    (pending,) = r.submit(req("p"), [], 0.0, 100.0, "fit: 0/3 devices fit")
+    assert (unknown.result.failure, pending.result.failure) == ("unknown", "not ready")  # type: ignore[union-attr]
+    r.submit(req("a"), [C0, C1], 0.0, 100.0)
+    (busy,) = r.submit(req("b"), [C0, C1], 0.0, 100.0)
+    assert busy.result.failure == "overloaded"  # type: ignore[union-attr]
+    (retry,) = r.tick(2.1, {"w": [C0, C1]}, 102.1)  # the first chain timed out: the other one
+    assert isinstance(retry, SendActivation)
+    (late,) = r.tick(4.1, {"w": [C0, C1]}, 104.1)
+    assert isinstance(late, ReplyClient) and late.result.failure == "timeout"
+    r2 = Router("fogline/v1/s/reply/fog")
+    (send,) = r2.submit(req("e"), [C0], 0.0, 100.0)
+    (err,) = r2.result(InferenceResult(send.activation.request_id, False, {}, "b: run failed"), [C0], 0.1, 100.1,  # type: ignore[union-attr]
+                       sender="b")
+    assert isinstance(err, ReplyClient) and err.result.failure == "failed"

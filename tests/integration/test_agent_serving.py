@@ -131,6 +131,6 @@ def test_bad_commands_rejected_counted_and_serving_continues(mosquitto, fog: Fog
         fog.client.publish(fog.topics.device(dev, "ACT"), b"FGL\x01junk").wait(5)
         res = _infer(fog, [(dev, 0)], "after2", np.ones((1, 8), np.float32))
         assert res.ok
-        assert wait_status(data, lambda s: s["counters"].get("malformed activation", 0) == 1)
+        assert wait_status(data, lambda s: s["counters"].get("rejected activation: malformed", 0) == 1)
     finally:
         kill(proc)

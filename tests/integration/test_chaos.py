@@ -373,7 +373,8 @@ def test_federated_chaos(procs: Procs, tmp_path: Path) -> None:
     ckpt, replica = tmp_path / "ckpt", tmp_path / "ckpt-replica"
     for i in range(N_NODES):
         _supernode(procs, i, port, tmp_path)
-    argv = [PY, "-m", "runtime.cli", "-v", "coordinator", "--rounds", str(ROUNDS), "--rule", "trimmed_mean",
+    argv = [PY, "-m", "runtime.cli", "-v", "coordinator", "--no-supernode-auth", "--rounds", str(ROUNDS),
+            "--rule", "trimmed_mean",
             "--f", "1", "--seed", "7", "--checkpoint-dir", str(ckpt), "--replica-dir", str(replica),
             "--superlink", f"127.0.0.1:{port}", "--min-clients", str(N_NODES - 1), "--grace", "2",
             "--num-partitions", str(N_NODES), "--round-timeout", "30", "--timeout", "170"]

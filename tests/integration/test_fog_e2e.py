@@ -30,41 +30,6 @@ PY = sys.executable
 if find_mosquitto() is None:  # pragma: no cover - make test installs it
     pytest.skip("mosquitto not installed", allow_module_level=True)
 
-# Agents with custom simulated profiles (tiny memories make placement pressure with zoo models):
-# the real edge agent code (edge_agent.runner.make_agent), one subprocess per group.
-LAUNCHER = r"""
-import json, signal, sys, threading, time
-from pathlib import Path
-import onnxruntime  # noqa: F401 - imported up front: a first import inside a deploy stalls every agent here
-from simulations.profiles import DeviceProfile
-from edge_agent.agent import AgentConfig
-from edge_agent.runner import make_agent
-from edge_agent.credentials import enrolled_settings
-from edge_agent.enrol import enrol_dirs
-spec = json.loads(sys.argv[1])
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *a: stop.set())
-ehost, eport = spec["enroll"].rsplit(":", 1)
-dirs = [(a["id"], Path(spec["dir"]) / a["id"]) for a in spec["agents"]]
-enrol_dirs(spec["token"], dirs, ehost, int(eport), timeout_s=60)  # a token with --auto-approve
-agents = []
-for a in spec["agents"]:
-    fog_key, tls, site = enrolled_settings(Path(spec["dir"]) / a["id"])
-    prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"], uplink_bps=1e8,
-                         downlink_bps=1e8, rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
-                         labels=a.get("labels", {}))
-    cfg = AgentConfig(device_id=a["id"], data_dir=Path(spec["dir"]) / a["id"], host="127.0.0.1",
-                      port=spec["port"], site=site, labels=a.get("labels", {}), fog_key=fog_key, tls=tls,
-                      state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1)
-    agents.append(make_agent(cfg, profile=prof).start())
-print("agents-started", flush=True)
-while not stop.wait(0.5):
-    pass
-for ag in agents:
-    ag.stop()
-"""
-
-
 class Procs:
     """Subprocesses of one test (the fog brokers and agent groups), killed in teardown whatever happens."""
 
@@ -81,9 +46,10 @@ class Procs:
         return p
 
     def agents(self, site: LocalSite, agents: list[dict[str, Any]], name: str) -> subprocess.Popen[bytes]:
-        spec = {"agents": agents, "dir": str(self.tmp / "agents"), "port": site.port, "enroll": site.enroll,
-                "token": site.token(uses=len(agents))}
-        return self.spawn([PY, "-c", LAUNCHER, json.dumps(spec)], name)
+        """Simulated agents with custom profiles (tiny memories make placement pressure with zoo models)."""
+        p = site.spawn_agents(agents, self.tmp / "agents", self.tmp / f"{name}.log")
+        self.procs.append(p)
+        return p
 
     def fog(self, data_dir: Path, site: str, *, port: int | None = None, name: str = "fog") -> LocalSite:
         """``fogline broker`` as the README starts it (secure, owns its mosquitto)."""

@@ -82,3 +82,39 @@ def test_tampered_file_is_not_read_back(tmp_path: Path) -> None:
     out.mkdir()
     summary_path(out, "fog-a").write_bytes(FogSigner("fog-a", "lab").signer.seal_bytes(summary(fog), time.time()))
     assert read_summaries(out, {"fog-a": fog.public_key}, {"fog-a": "lab"}) == []
+
+
+def test_against_the_real_fog_over_tls(tmp_path: Path) -> None:
+    """The legitimate path end to end: a `fogline broker` site issues coordinator credentials; over TLS the
+    coordinator accepts the fog's sealed summaries and the fog accepts its signed release."""
+    import subprocess
+    import sys
+
+    local_site = pytest.importorskip("simulations.local_site")
+    from models.train import SoftmaxRegression, to_onnx
+    from runtime.credentials import load_credentials
+
+    site = local_site.LocalSite(tmp_path / "fog", site="lab", args=["--summary-interval", "1"]).start()
+    try:
+        creds = load_credentials(site.issue("coord-1", role="coordinator"))
+        link = FogLink.connect(site.mqtt, creds, tmp_path / "coord")
+        link.start()
+        try:
+            _wait(lambda: link.accepted >= 1, 20)
+            assert not link.refused
+        finally:
+            link.stop()
+        model = tmp_path / "m.onnx"
+        model.write_bytes(to_onnx(SoftmaxRegression().get_weights(), batch=1).SerializeToString())
+        out = subprocess.run([sys.executable, "-m", "runtime.cli", "release", str(model), "--name", "digits",
+                              "--broker", site.mqtt, "--credentials", str(creds.dir), "--version", "3"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        client = site.client()
+        try:
+            _wait(lambda: (client.status().get("releases") or {}).get("digits", {}).get("version") == 3, 15)
+            assert client.status()["releases"]["digits"]["signer"] == "coord-1"
+        finally:
+            client.close()
+    finally:
+        site.stop()

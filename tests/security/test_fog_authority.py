@@ -61,6 +61,12 @@ def _device(site: LocalSite, dev: str) -> dict[str, Any] | None:
     return next((d for d in _status(site)["devices"] if d["id"] == dev), None)
 
 
+def _row(site: LocalSite, dev: str) -> dict[str, Any]:
+    row = _device(site, dev)
+    assert row is not None, f"{dev} is not in the fog's registry"
+    return row
+
+
 def _retained_state(site: LocalSite, tls: TlsConfig | None, name: str) -> FogState:
     """A fresh subscriber's view of the retained fog/STATE, checked against the pinned fog key."""
     got: "queue.Queue[Inbound]" = queue.Queue()
@@ -230,9 +236,9 @@ def test_a_death_counts_only_for_the_current_epoch_and_never_raises_it(open_site
         # the legitimate death: sealed by the device for its current epoch
         death = Signer(ident, epoch).seal_bytes(DeviceDeath("dev-i", epoch), time.time())
         assert attacker.publish(T.device("dev-i", "DEATH"), death, qos=1).wait(5)
-        _wait(lambda: not _device(open_site, "dev-i")["alive"], 10, "dev-i dead after its current-epoch death")
+        _wait(lambda: not _row(open_site, "dev-i")["alive"], 10, "dev-i dead after its current-epoch death")
     finally:
         attacker.stop()
     # the device is still there: the fog asks it for a birth and it is back, with an epoch it chose
-    _wait(lambda: _device(open_site, "dev-i")["alive"], 20, "dev-i back")
-    assert _device(open_site, "dev-i")["epoch"] < 2 ** 62
+    _wait(lambda: _row(open_site, "dev-i")["alive"], 20, "dev-i back")
+    assert _row(open_site, "dev-i")["epoch"] < 2 ** 62

@@ -136,41 +136,53 @@ def test_a_stolen_certificate_with_its_own_key_gets_a_one_line_refusal(site: Loc
         assert c.hello["you"] == "op-b" and c.hello["role"] == "operator"
 
 
-def test_a_refusal_goes_only_to_the_identity_that_asked(site: LocalSite) -> None:
-    """The id-less refusal names no request, so its addressee must be the one who sent it.
+def test_a_refusal_in_someone_else_s_name_is_told_apart(site: LocalSite) -> None:
+    """The id-less refusal names no request, and the fog cannot see who published a request.
 
-    An app that signs garbage in an operator's name (with its own key) must not put a refusal on
-    that operator's reply topic: ``FogClient`` ends every request it is waiting for on an id-less
-    refusal, so such a stray refusal would fail the operator's in-flight deploys and inferences.
+    So an app that signs garbage in an operator's name (with its own key) makes the fog put a
+    refusal on that operator's reply topic; ``FogClient`` ends every request it is waiting for on
+    an id-less refusal. The operator's client must be able to tell such a stray refusal from the
+    refusal of a request it sent itself (here: one signed with a broken key under its own name),
+    else any issued identity can fail any other identity's in-flight deploys and inferences
+    (the end-to-end effect is test_data_plane.py::test_a_stray_refusal_does_not_end_a_pending_inference).
     """
     victim = _issued(site, "op-v")
     app = _issued(site, "app-v", "app")
     got: "queue.Queue[Inbound]" = queue.Queue()
     v = _raw(victim, site.port, {T.reply("op-v"): got.put})
     a = _raw(app, site.port)
-    try:
-        assert v.wait_subscribed(T.reply("op-v"), 10)
-        forged = Signer(Identity("op-v", app.signing._key), 1)
-        for i in range(3):
-            assert a.publish(T.control(), _request(forged, f"x{i}", "status", T.reply("op-v"))).wait(5)
-        # the legitimate path on the same topic: op-v's own request is answered there
-        mine = Signer(victim.signing, time.time_ns() // 1_000_000)
-        assert v.publish(T.control(), _request(mine, "mine", "hello", T.reply("op-v"))).wait(5)
-        replies = []
+
+    def replies_until(rid: str) -> list[ControlReply]:
+        out = []
         deadline = time.monotonic() + 10
         while True:
-            m = got.get(timeout=max(0.1, deadline - time.monotonic()))
-            env = codec.decode(m.payload)
+            env = codec.decode(got.get(timeout=max(0.1, deadline - time.monotonic())).payload)
             reply = codec.decode(env.payload)  # type: ignore[attr-defined]
             assert isinstance(reply, ControlReply)
-            if reply.request_id == "mine":
+            if reply.request_id == rid:
                 assert reply.ok
-                break
-            replies.append(reply.error)
+                return out
+            out.append(reply)
+
+    try:
+        assert v.wait_subscribed(T.reply("op-v"), 10)
+        mine = Signer(victim.signing, time.time_ns() // 1_000_000)
+        # the stray: the app's key under op-v's name, sent by the app
+        forged = Signer(Identity("op-v", app.signing._key), 1)
+        assert a.publish(T.control(), _request(forged, "theirs", "status", T.reply("op-v"))).wait(5)
+        assert v.publish(T.control(), _request(mine, "sync1", "hello", T.reply("op-v"))).wait(5)
+        strays = replies_until("sync1")
+        # op-v's own refused request: the same reason (a bad signature under its name), sent by op-v
+        broken = Signer(Identity("op-v", Identity.generate("x")._key), 2)
+        assert v.publish(T.control(), _request(broken, "own", "status", T.reply("op-v"))).wait(5)
+        assert v.publish(T.control(), _request(mine, "sync2", "hello", T.reply("op-v"))).wait(5)
+        own = replies_until("sync2")
     finally:
         a.stop()
         v.stop()
-    assert replies == [], f"op-v received refusals for requests it never sent: {replies}"
+    assert len(own) == 1 and not own[0].ok and own[0].error == "request refused: bad signature"
+    assert all(s != own[0] for s in strays), (
+        f"op-v cannot tell a refusal caused by app-v's forgery {strays} from the refusal of its own request {own}")
 
 
 def test_roles_bound_what_an_issued_identity_may_do(site: LocalSite) -> None:
@@ -200,7 +212,14 @@ def test_operators_add_and_revoke_on_the_fog_host(site: LocalSite) -> None:
         out = subprocess.run([sys.executable, "-m", "runtime.cli", "operators", "revoke", "ops2", "--data-dir",
                               str(site.data_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        time.sleep(1.5)  # the fog re-reads trust.db within trust_poll_s
+        deadline = time.monotonic() + 15  # the fog re-reads trust.db within trust_poll_s
+        while True:
+            try:
+                c.control("hello", timeout=2)
+            except (ControlError, TimeoutError):
+                break
+            assert time.monotonic() < deadline, "ops2 still answered 15 s after its revocation"
+            time.sleep(0.2)
         with pytest.raises((ControlError, TimeoutError)):
             c.deploy({"name": "after-revoke", "model": "zoo:mlp", "source": "d", "sink": "d"}, timeout=3)
     with pytest.raises(LocalViolation):  # and it cannot come back (certificate revoked, key unpinned)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -168,6 +167,18 @@ def test_a_captured_release_cannot_be_relabelled(site: LocalSite, blobs: list[by
     publish(site, coord, release(coord.signing, "m5", 3, blobs[2]))  # the real next version still counts
     st = settle(site, st["counters"], 1)
     assert st["releases"]["m5"]["version"] == 3
+
+
+def test_a_signed_release_that_is_not_onnx_is_not_stored(site: LocalSite) -> None:
+    """A pinned coordinator's signature does not make bytes a model: checked before they are stored."""
+    coord = _issued(site, "coord")
+    models = {p.name for p in (site.data_dir / "models").iterdir()}
+    before = status(site)["counters"]
+    publish(site, coord, release(coord.signing, "junk", 1, b"\x08\x07 not an onnx model" * 100))
+    st = settle(site, before, 1)
+    assert "junk" not in st["releases"]
+    assert st["counters"].get("release:bad model", 0) == before.get("release:bad model", 0) + 1
+    assert {p.name for p in (site.data_dir / "models").iterdir()} == models
 
 
 def test_releases_are_not_retained(site: LocalSite, blobs: list[bytes]) -> None:

@@ -1,0 +1,394 @@
+"""Prometheus metrics of a fog broker, read from its state when scraped (``render(svc)``).
+
+A custom collector, not instrumented code: each scrape asks the owner thread
+(``svc.call``) for one snapshot -- the ``fogline status`` document without its
+device rows, plus the few raw figures that document merges or trims -- and
+``families(snapshot)`` turns it into metric families. The cores' own counters
+are the only counts (nothing is counted twice, nothing is added to the hot
+path), and every counter of the snapshot is exported exactly once: a counter
+this module has no name for yet appears under ``fogline_fog_events_total``.
+
+The serving side (``fog_broker.http_api``) calls ``render(svc, accept)`` off
+its event loop and answers ``/metrics`` with the bytes and content type.
+Metric names and labels are listed in ``METRICS`` (docs and the Grafana
+dashboard under ``deploy/`` use them).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from .service import FogService
+
+__all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "families", "render", "snapshot"]
+
+PREFIX = "fogline_fog"
+RECOVERY_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+PHASES = ("pending", "deploying", "running", "unconfirmed", "lost")
+WORKLOAD_STATUSES = ("pending", "deploying", "running", "degraded")
+ADVERT_KINDS = ("BIRTH", "STATE", "DEATH", "ACK")
+SCRAPE_TIMEOUT_S = 5.0
+
+# name (without the prefix) -> (type, labels, help). ``families`` emits nothing outside this table.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "info": ("info", ("fog_id", "site", "epoch", "secure"), "This fog broker: id, site, epoch, TLS on or off"),
+    "owner_responsive": ("gauge", (), "1 when the fog's owner thread answered this scrape, 0 when it did not"),
+    "scrape_duration_seconds": ("gauge", (), "Time taken to snapshot the fog's state for this scrape"),
+    "ready": ("gauge", (), "1 once the fog heard its devices after a (re)start and places work"),
+    "uptime_seconds": ("gauge", (), "Seconds since this fog broker process started"),
+    "devices": ("gauge", ("state",), "Devices known to the registry by liveness: live, suspect, dead, unknown"),
+    "enrolment": ("gauge", ("state",), "Enrolled device ids not (or no longer) trusted: pending approval, revoked"),
+    "identities": ("gauge", ("role", "state"), ("Issued identities (operators, coordinators, apps) by role: "
+                                             "active or revoked")),
+    "utilization_ratio": ("gauge", (), "Memory of the placed partitions over the memory of live devices"),
+    "fragmentation_ratio": ("gauge", (), "Share of free memory in pieces too small for the smallest partition"),
+    "workloads": ("gauge", ("status",), "Workloads by status: pending, deploying, running, degraded"),
+    "workload_replicas": ("gauge", ("workload",), "Replica chains a workload asks for"),
+    "workload_replicas_healthy": ("gauge", ("workload",), "Replica chains of a workload running end to end"),
+    "workload_predicted_latency_seconds": ("gauge", ("workload",),
+                                           "Cost model's end-to-end latency of the best placed replica"),
+    "placements": ("gauge", ("workload", "phase"), ("Partition placements by phase: pending, deploying, running, "
+                                                  "unconfirmed, lost")),
+    "pending_workloads": ("gauge", ("reason",), ("Workloads the scheduler cannot place, by gate (fit, selector, "
+                                               "taint, energy, alive, quota, anti-affinity, ...)")),
+    "workload_pending": ("gauge", ("workload", "reason"), "1 for each gate that keeps a workload from placing"),
+    "quota_bytes": ("gauge", ("tenant",), "Memory quota of a tenant"),
+    "release_version": ("gauge", ("release",), "Newest accepted version of each model release"),
+    "inference_in_flight": ("gauge", (), "Inference requests routed and not yet answered"),
+    "adverts_accepted": ("counter", ("kind",), "Device messages verified and accepted: BIRTH, STATE, DEATH, ACK"),
+    "advert_rejections": ("counter", ("reason",), "Device messages refused at ingest, by reason"),
+    "adverts_flagged": ("counter", (), "Births with implausible capacity, clamped"),
+    "dropped": ("counter", ("queue",), "Messages dropped because a queue was full: verify, inbox"),
+    "rebirths": ("counter", ("outcome",), "Rebirth requests to devices: asked, limited (rate limit)"),
+    "device_losses": ("counter", (), "Devices declared lost (death, missed states, revocation)"),
+    "devices_revoked": ("counter", (), "Devices cut off by a revocation or a re-key in trust.db (this run)"),
+    "deploys": ("counter", (), "Signed partition deploys published to devices"),
+    "undeploys": ("counter", (), "Partition undeploys published to devices"),
+    "controller_events": ("counter", ("event",), "Deployment controller events: plans, repairs, retries, nacks, ..."),
+    "recovery_seconds": ("histogram", (), "Loss of a partition detected -> its replacement running"),
+    "inference_requests": ("counter", ("outcome",), "Inference requests by outcome: answered, failed, refused"),
+    "inference_failovers": ("counter", (), "Inference attempts retried on another replica chain"),
+    "inference_attempt_timeouts": ("counter", (), "Inference attempts that hit their deadline"),
+    "inference_results_dropped": ("counter", ("reason",), "Results not relayed: late, wrong sender"),
+    "inference_latency_seconds": ("histogram", ("workload",), "Receive -> answer time of answered requests"),
+    "control_requests": ("counter", ("action",), "Control requests carried out: hello, status, deploy, delete"),
+    "control_refusals": ("counter", ("reason",), "Control and inference requests refused, by reason"),
+    "message_rejections": ("counter", ("reason",), ("Messages to the fog (requests, results, releases) refused "
+                                                   "before they reach a core")),
+    "releases": ("counter", (), "Model releases accepted from a pinned coordinator"),
+    "release_refusals": ("counter", ("reason",), "Model releases refused, by reason"),
+    "state_reasserted": ("counter", (), "Times something else published on the fog's retained STATE"),
+    "errors": ("counter", ("kind",), "Inputs dropped on an error: remote (bad input), internal (owner loop bug), ingest (verify batch lost)"),
+    "events": ("counter", ("counter",), "Any other counter of the fog, by its name in `fogline status`"),
+}
+
+
+# ------------------------------------------------------------------ owner thread
+
+
+def _copy_counter(c: Any) -> dict[str, int]:
+    """A dict copy of a Counter another thread may be inserting into (retry a racing iteration)."""
+    for _ in range(5):
+        try:
+            return {str(k): int(v) for k, v in dict(c).items()}
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return {}
+
+
+def snapshot(svc: FogService, now: float | None = None) -> dict[str, Any]:
+    """What one scrape needs, as plain data (call it on the owner thread: ``svc.call``)."""
+    now = time.monotonic() if now is None else now
+    doc = svc.status(now, limit=0)
+    hist = getattr(svc.router, "latency_histograms", None)  # fog_broker.router: see the module docstring
+    latency = {w: {"bounds": tuple(h.bounds), "counts": tuple(h.counts), "sum": float(h.total_s)}
+               for w, h in (hist or {}).items()}
+    identities = [{"role": r.role, "revoked": bool(r.revoked)} for r in svc.site.db.identities()]
+    return {
+        "status": doc,
+        "service": _copy_counter(svc.counters),        # the status merges these with ingest's: keep apart
+        "ingest": _copy_counter(svc.ingest.counts()),
+        "recoveries_s": [float(x) for x in svc.controller.recoveries],  # all of them (status keeps 50)
+        "in_flight": len(svc.router),
+        "latency": latency,
+        "identities": identities,
+    }
+
+
+# ------------------------------------------------------------------ pure: snapshot -> families
+
+
+def _name(short: str) -> str:
+    return f"{PREFIX}_{short}"
+
+
+class _Families:
+    """Builds the families of ``METRICS`` lazily; a family with no sample is still exported (typed, empty)."""
+
+    def __init__(self) -> None:
+        self.fams: dict[str, Metric] = {}
+
+    def get(self, short: str) -> Any:
+        fam = self.fams.get(short)
+        if fam is None:
+            kind, labels, doc = METRICS[short]
+            name = _name(short)
+            if kind == "gauge":
+                fam = GaugeMetricFamily(name, doc, labels=labels)
+            elif kind == "counter":
+                fam = CounterMetricFamily(name, doc, labels=labels)
+            elif kind == "histogram":
+                fam = HistogramMetricFamily(name, doc, labels=labels)
+            else:  # an info family is named without its "_info" suffix
+                fam = InfoMetricFamily(name[:-len("_info")], doc, labels=labels)
+            self.fams[short] = fam
+        return fam
+
+    def add(self, short: str, value: float, *labels: str) -> None:
+        self.get(short).add_metric(list(labels), float(value))
+
+
+def _histogram(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts (the last one above every bound) -> cumulative ``(le, count)`` with ``+Inf``."""
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for b, n in zip(bounds, counts):
+        acc += int(n)
+        out.append((_le(b), float(acc)))
+    acc += sum(int(n) for n in counts[len(bounds):])
+    out.append(("+Inf", float(acc)))
+    return out
+
+
+def _le(b: float) -> str:
+    return repr(float(b))
+
+
+def bucket_counts(values: Iterable[float], bounds: Sequence[float]) -> list[int]:
+    """Per-bucket counts of ``values`` (``len(bounds) + 1`` of them; a value equal to a bound is in it)."""
+    import bisect
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1
+    return counts
+
+
+def families(snap: Mapping[str, Any]) -> list[Metric]:
+    """The metric families of one snapshot (pure)."""
+    f = _Families()
+    st: Mapping[str, Any] = snap["status"]
+    f.get("info").add_metric([], {"fog_id": str(st.get("fog_id", "")), "site": str(st.get("site", "")),
+                                  "epoch": str(st.get("epoch", "")),
+                                  "secure": "true" if st.get("secure") else "false"})
+    f.add("owner_responsive", 1)
+    f.add("ready", 1 if st.get("ready") else 0)
+    f.add("uptime_seconds", float(st.get("uptime_s", 0.0)))
+    m = st.get("metrics", {})
+    known = 0
+    for state in ("live", "suspect", "dead"):
+        n = int(m.get(f"devices_{state}", 0))
+        known += n
+        f.add("devices", n, state)
+    f.add("devices", max(0, int(st.get("devices_total", known)) - known), "unknown")
+    enr = st.get("enrolment", {})
+    for state in ("pending", "revoked"):
+        f.add("enrolment", len(enr.get(state, ())), state)
+    roles: dict[tuple[str, str], int] = {}
+    for ident in snap.get("identities", ()):
+        key = (str(ident["role"]), "revoked" if ident["revoked"] else "active")
+        roles[key] = roles.get(key, 0) + 1
+    for (role, state), n in sorted(roles.items()):
+        f.add("identities", n, role, state)
+    f.add("utilization_ratio", float(m.get("utilization", 0.0)))
+    f.add("fragmentation_ratio", float(m.get("fragmentation", 0.0)))
+
+    by_status = dict.fromkeys(WORKLOAD_STATUSES, 0)
+    gates: dict[str, int] = {}
+    for w in st.get("workloads", ()):
+        name = str(w["name"])
+        by_status[str(w["status"])] = by_status.get(str(w["status"]), 0) + 1
+        f.add("workload_replicas", int(w.get("replicas", 0)), name)
+        f.add("workload_replicas_healthy", int(w.get("healthy_replicas", 0)), name)
+        lat = [r.get("latency_s") for r in w.get("placement", ()) if r.get("latency_s") is not None]
+        if lat:
+            f.add("workload_predicted_latency_seconds", min(lat), name)
+        phases = dict.fromkeys(PHASES, 0)
+        for rep in w.get("placement", ()):
+            for p in rep.get("partitions", ()):
+                phases[str(p["phase"])] = phases.get(str(p["phase"]), 0) + 1
+        for phase, n in phases.items():
+            f.add("placements", n, name, phase)
+        for gate in sorted(w.get("reasons", {}) or {}):
+            gates[gate] = gates.get(gate, 0) + 1
+            f.add("workload_pending", 1, name, str(gate))
+    for status, n in by_status.items():
+        f.add("workloads", n, status)
+    f.get("pending_workloads")
+    for gate, n in sorted(gates.items()):
+        f.add("pending_workloads", n, gate)
+    for tenant, q in sorted((st.get("quotas") or {}).items()):
+        f.add("quota_bytes", float(q), str(tenant))
+    for rel, r in sorted((st.get("releases") or {}).items()):
+        f.add("release_version", float(r.get("version", 0)), str(rel))
+    f.add("inference_in_flight", int(snap.get("in_flight", 0)))
+
+    _counters(f, snap)
+
+    rec = [float(x) for x in snap.get("recoveries_s", ())]
+    f.get("recovery_seconds").add_metric([], _histogram(RECOVERY_BUCKETS_S, bucket_counts(rec, RECOVERY_BUCKETS_S)),
+                                         sum_value=math.fsum(rec))
+    lat_fam = f.get("inference_latency_seconds")
+    for w, h in sorted((snap.get("latency") or {}).items()):
+        lat_fam.add_metric([str(w)], _histogram(h["bounds"], h["counts"]), sum_value=float(h["sum"]))
+    return [f.fams[k] for k in METRICS if k in f.fams]
+
+
+# Which counter of which source goes where: (source, key or prefix, metric, label or None).
+# A key ending in ':' or '.' is a prefix: the rest of the key is the label value.
+_ROUTES: tuple[tuple[str, str, str, str | None], ...] = (
+    ("ingest", "in:", "adverts_accepted", "kind"),
+    ("ingest", "rejected:", "advert_rejections", "reason"),
+    ("ingest", "flagged:capacity", "adverts_flagged", None),
+    ("ingest", "verify_overflow", "dropped", "verify"),
+    ("ingest", "internal_errors", "errors", "ingest"),
+    ("service", "inbox_overflow", "dropped", "inbox"),
+    ("service", "rebirths_asked", "rebirths", "asked"),
+    ("service", "rebirths_limited", "rebirths", "limited"),
+    ("service", "devices_lost", "device_losses", None),
+    ("service", "devices_revoked", "devices_revoked", None),
+    ("service", "deploys_sent", "deploys", None),
+    ("service", "undeploys_sent", "undeploys", None),
+    ("service", "releases", "releases", None),
+    ("service", "release:", "release_refusals", "reason"),
+    ("service", "rejected:", "message_rejections", "reason"),
+    ("service", "fog_state_reasserted", "state_reasserted", None),
+    ("service", "remote_errors", "errors", "remote"),
+    ("service", "internal_errors", "errors", "internal"),
+    ("router", "answered", "inference_requests", "answered"),
+    ("router", "failed", "inference_requests", "failed"),
+    ("router", "refused", "inference_requests", "refused"),
+    ("router", "retries", "inference_failovers", None),
+    ("router", "timeouts", "inference_attempt_timeouts", None),
+    ("router", "late", "inference_results_dropped", "late"),
+    ("router", "wrong sender", "inference_results_dropped", "wrong sender"),
+    ("router", "accepted", "", None),   # = answered + failed + in flight: not a count of its own
+    ("control", "ok:", "control_requests", "action"),
+    ("control", "rejected:", "control_refusals", "reason"),
+    ("control", "refused", "control_refusals", "refused"),   # signed and fresh, but not allowed or not valid
+    ("controller", "deploys", "", None),     # the commands behind deploys_sent / undeploys_sent
+    ("controller", "undeploys", "", None),
+    ("controller", "", "controller_events", "event"),
+)
+
+
+def _sources(snap: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Counters by source: the service's and ingest's raw, the cores' from the status document's prefixes."""
+    out: dict[str, dict[str, int]] = {"service": dict(snap.get("service", {})), "ingest": dict(snap.get("ingest", {})),
+                                      "router": {}, "control": {}, "controller": {}, "other": {}}
+    for k, v in (snap["status"].get("counters") or {}).items():
+        head, dot, rest = str(k).partition(".")
+        if dot and head in ("router", "control", "controller"):
+            out[head][rest] = int(v)
+        elif k == "registry.stale":
+            out["other"][k] = int(v)
+        # verifier.* are ingest.rejections() again (already under advert_rejections) and verifier.accepted
+        # is the sum of adverts_accepted; the unprefixed rest merges the service's and ingest's (read raw)
+    return out
+
+
+# Label values every scrape carries (at 0 until they happen), so rates and alerts have a series.
+_SEEDED: dict[str, tuple[str, ...]] = {
+    "adverts_accepted": ADVERT_KINDS,
+    "dropped": ("verify", "inbox"),
+    "rebirths": ("asked", "limited"),
+    "inference_requests": ("answered", "failed", "refused"),
+    "inference_results_dropped": ("late", "wrong sender"),
+    "errors": ("remote", "internal", "ingest"),
+}
+
+
+def _route(source: str, key: str) -> tuple[str, str | None]:
+    """``(metric, label value)`` of one counter; ``("", None)``: deliberately not exported."""
+    for src, pat, metric, label in _ROUTES:
+        if src != source:
+            continue
+        if pat == "" or pat.endswith((":", ".")):
+            if key.startswith(pat):
+                return metric, key[len(pat):] if label in ("kind", "reason", "action", "event") else label
+        elif key == pat:
+            return metric, label
+    return "events", key if source in ("service", "ingest", "other") else f"{source}.{key}"
+
+
+def _counters(f: _Families, snap: Mapping[str, Any]) -> None:
+    values: dict[tuple[str, str | None], float] = {}
+    for short, (kind, labels, _) in METRICS.items():
+        if kind == "counter":
+            f.get(short)
+            if not labels:
+                values[(short, None)] = 0.0
+    for short, seeded in _SEEDED.items():
+        for label in seeded:
+            values[(short, label)] = 0.0
+    for source, counts in _sources(snap).items():
+        for key, n in counts.items():
+            route = _route(source, key)
+            if route[0]:
+                values[route] = values.get(route, 0.0) + n
+    for (metric, lv), value in sorted(values.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        if lv is None:
+            f.add(metric, value)
+        else:
+            f.add(metric, value, lv)
+
+
+# ------------------------------------------------------------------ the collector
+
+
+class FogCollector:
+    """A ``prometheus_client`` collector over one running ``FogService`` (reads its state when scraped)."""
+
+    def __init__(self, svc: FogService, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+        self.svc = svc
+        self.timeout_s = timeout_s
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.monotonic()
+        try:
+            snap = self.svc.call(lambda: snapshot(self.svc), timeout=self.timeout_s)
+        except TimeoutError:
+            # a stuck owner loop is itself the most important figure: say so instead of failing the scrape
+            f = _Families()
+            f.add("owner_responsive", 0)
+            f.add("scrape_duration_seconds", time.monotonic() - t0)
+            yield from f.fams.values()
+            return
+        fams = families(snap)
+        dur = GaugeMetricFamily(_name("scrape_duration_seconds"), METRICS["scrape_duration_seconds"][2])
+        dur.add_metric([], time.monotonic() - t0)
+        yield from fams
+        yield dur
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to check at registration: the names are fixed by METRICS
+
+
+def render(svc: FogService, accept: str | None = None) -> tuple[bytes, str]:
+    """The ``/metrics`` answer: ``(body, content_type)``; OpenMetrics when ``accept`` asks for it.
+
+    Blocks until the owner thread answers (at most ``SCRAPE_TIMEOUT_S``): call it off an event loop.
+    """
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(FogCollector(svc)), content_type  # type: ignore[arg-type]
