@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench venv mosquitto clean
+.PHONY: demo test test-fast bench venv mosquitto chromium clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,7 +27,18 @@ mosquitto:
 	  fi; }
 	@PATH="$$PATH:/usr/sbin" command -v mosquitto >/dev/null 2>&1 || { echo "error: mosquitto still missing after apt-get" >&2; exit 1; }
 
-test: $(STAMP) mosquitto
+# The site page test drives Debian's headless Chromium through chromedriver: installed with apt-get
+# when we are root, else that one test is skipped with its reason.
+chromium:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "chromium not found: installing Debian packages 'chromium' and 'chromium-driver' with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "warning: no headless Chromium: the site page test will be skipped (apt-get install chromium chromium-driver)" >&2; \
+	  fi; }
+
+test: $(STAMP) mosquitto chromium
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
 	  $(BIN)/python -m pytest -q tests
 

@@ -81,9 +81,9 @@ def register_admin(sub: Any) -> None:
     oa = osub.add_parser("add", help="issue credentials (TLS identity, signing key, fog.json) for NAME")
     _dir_arg(oa)
     oa.add_argument("name")
-    oa.add_argument("--role", default="operator", choices=("operator", "coordinator", "app"),
+    oa.add_argument("--role", default="operator", choices=("operator", "coordinator", "app", "monitor"),
                     help="operator (deploy, delete, status, infer), coordinator (releases, summaries, status), "
-                         "app (infer only)")
+                         "app (infer only), monitor (status only: Prometheus, the site page)")
     oa.add_argument("--out", type=Path, default=None, help="where to write them (default FOGDIR/credentials/NAME)")
     oa.set_defaults(func=_operators_add)
     ol = osub.add_parser("list", help="issued identities")

@@ -131,6 +131,7 @@ class ControlPlane:
         role = self.roles.get(env.sender, "")
         try:
             if not may_control(role, inner.action):
+                self.counters["rejected:no right"] += 1
                 raise RemoteViolation(f"{env.sender} ({role}) may not {inner.action!r}")
             body_in = json.loads(inner.body or b"{}")
             if not isinstance(body_in, dict):

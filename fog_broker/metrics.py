@@ -8,10 +8,14 @@ are the only counts (nothing is counted twice, nothing is added to the hot
 path), and every counter of the snapshot is exported exactly once: a counter
 this module has no name for yet appears under ``fogline_fog_events_total``.
 
-The serving side (``fog_broker.http_api``) calls ``render(svc, accept)`` off
-its event loop and answers ``/metrics`` with the bytes and content type.
-Metric names and labels are listed in ``METRICS`` (docs and the Grafana
-dashboard under ``deploy/`` use them).
+Serving: ``HttpApi.extend(register_http)`` adds ``GET /metrics`` to the fog's
+HTTP server (same authentication as the rest of the API, the ``status``
+right); elsewhere ``render(svc, accept)`` gives ``(body, content_type)`` (it
+blocks on the owner thread: call it off an event loop). Metric names and
+labels are listed in ``METRICS`` (the Grafana dashboard under ``deploy/`` uses
+them, a test checks it). Inference latency histograms come from the router's
+``latency_histograms`` (workload -> ``LatencyHistogram``: bucket bounds,
+per-bucket counts, sum), read at scrape time; without it that family is empty.
 """
 from __future__ import annotations
 
@@ -30,9 +34,12 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .http_api import HttpApi
     from .service import FogService
 
-__all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "families", "render", "snapshot"]
+__all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "exposition", "families", "register_http", "render", "scrape_families", "snapshot"]
 
 PREFIX = "fogline_fog"
 RECOVERY_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -357,6 +364,37 @@ def _counters(f: _Families, snap: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------ the collector
 
 
+def scrape_families(snap: Mapping[str, Any] | None, took_s: float) -> list[Metric]:
+    """The families of one scrape: ``families(snap)``, or (``None``: the owner thread did not answer)
+    only ``owner_responsive 0``; either way with the time the snapshot took."""
+    if snap is None:
+        # a stuck owner loop is itself the most important figure: say so instead of failing the scrape
+        f = _Families()
+        f.add("owner_responsive", 0)
+        out = list(f.fams.values())
+    else:
+        out = families(snap)
+    dur = GaugeMetricFamily(_name("scrape_duration_seconds"), METRICS["scrape_duration_seconds"][2])
+    dur.add_metric([], took_s)
+    return [*out, dur]
+
+
+class _Fixed:
+    """Families already built, in the shape the exposition encoders take (``collect()``)."""
+
+    def __init__(self, fams: list[Metric]) -> None:
+        self.fams = fams
+
+    def collect(self) -> list[Metric]:
+        return self.fams
+
+
+def exposition(fams: list[Metric], accept: str | None = None) -> tuple[bytes, str]:
+    """``(body, content_type)`` of these families: the text format, or OpenMetrics when ``accept`` asks."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(_Fixed(fams)), content_type  # type: ignore[arg-type]
+
+
 class FogCollector:
     """A ``prometheus_client`` collector over one running ``FogService`` (reads its state when scraped)."""
 
@@ -369,17 +407,8 @@ class FogCollector:
         try:
             snap = self.svc.call(lambda: snapshot(self.svc), timeout=self.timeout_s)
         except TimeoutError:
-            # a stuck owner loop is itself the most important figure: say so instead of failing the scrape
-            f = _Families()
-            f.add("owner_responsive", 0)
-            f.add("scrape_duration_seconds", time.monotonic() - t0)
-            yield from f.fams.values()
-            return
-        fams = families(snap)
-        dur = GaugeMetricFamily(_name("scrape_duration_seconds"), METRICS["scrape_duration_seconds"][2])
-        dur.add_metric([], time.monotonic() - t0)
-        yield from fams
-        yield dur
+            snap = None
+        yield from scrape_families(snap, time.monotonic() - t0)
 
     def describe(self) -> list[Metric]:
         return []  # nothing to check at registration: the names are fixed by METRICS
@@ -388,7 +417,30 @@ class FogCollector:
 def render(svc: FogService, accept: str | None = None) -> tuple[bytes, str]:
     """The ``/metrics`` answer: ``(body, content_type)``; OpenMetrics when ``accept`` asks for it.
 
-    Blocks until the owner thread answers (at most ``SCRAPE_TIMEOUT_S``): call it off an event loop.
+    Blocks until the owner thread answers (at most ``SCRAPE_TIMEOUT_S``): call it off an event loop
+    (``register_http`` does).
     """
-    encoder, content_type = choose_encoder(accept or "")
-    return encoder(FogCollector(svc)), content_type  # type: ignore[arg-type]
+    return exposition(list(FogCollector(svc).collect()), accept)
+
+
+def register_http(app: web.Application, api: HttpApi, *, right: str = "status") -> None:
+    """``GET /metrics`` on the fog's HTTP server (``HttpApi.extend(metrics.register_http)``).
+
+    Callers authenticate as on the rest of the API (site-CA client certificate or API token) and
+    need ``right`` (``status``: operators and coordinators). The snapshot is taken on the owner
+    thread without blocking the server's loop (``api.owner_call``).
+    """
+    from aiohttp import web
+
+    async def metrics(request: web.Request) -> web.Response:
+        api.principal(request, right)
+        t0 = time.monotonic()
+        try:
+            snap = await api.owner_call(lambda: snapshot(api.svc), timeout=SCRAPE_TIMEOUT_S)
+        except TimeoutError:
+            snap = None
+        body, content_type = exposition(scrape_families(snap, time.monotonic() - t0),
+                                        request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
+
+    app.router.add_get("/metrics", metrics)

@@ -8,6 +8,7 @@ or a timeout it retries once on another chain, then answers with the error.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,9 +16,32 @@ from typing import Sequence, Union
 
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
-__all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain"]
+__all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain", "LatencyHistogram",
+           "LATENCY_BUCKETS_S"]
 
 Chain = tuple[int, tuple[Hop, ...]]  # (replica, route)
+
+# Upper bounds (s) of the latency buckets: 1 ms (one hop on a LAN) to 30 s (a long chain on slow devices).
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                        2.5, 5.0, 10.0, 30.0)
+MAX_HISTOGRAMS = 1000  # workloads with a latency histogram; beyond this, new names share one
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Answered requests of one workload since the fog started: counts per bucket, their sum (pure).
+
+    ``counts[i]`` counts latencies ``<= bounds[i]`` and above the previous bound; the last entry
+    counts those above every bound. Read by ``fog_broker.metrics`` at scrape time.
+    """
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total_s += seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +91,7 @@ class Router:
                                           "timeouts": 0, "late": 0, "refused": 0}
         self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
         self.latency_by_workload: dict[str, deque[float]] = {}
+        self.latency_histograms: dict[str, LatencyHistogram] = {}  # workload -> all its answered requests
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -113,6 +138,7 @@ class Router:
             self.counters["answered"] += 1
             self.latencies.append(now - p.received_at)
             self.latency_by_workload.setdefault(p.request.workload, deque(maxlen=500)).append(now - p.received_at)
+            self._observe(p.request.workload, now - p.received_at)
             return [ReplyClient(p.request.reply_to, InferenceResult(
                 p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0],
                 now - p.received_at))]
@@ -155,6 +181,14 @@ class Router:
         return min((p.attempt_deadline for p in self._pending.values()), default=math.inf)
 
     # ------------------------------------------------------------ internals
+
+    def _observe(self, workload: str, seconds: float) -> None:
+        h = self.latency_histograms.get(workload)
+        if h is None:
+            if len(self.latency_histograms) >= MAX_HISTOGRAMS:
+                workload = "(other)"  # a bounded number of series whatever clients name
+            h = self.latency_histograms.setdefault(workload, LatencyHistogram())
+        h.observe(seconds)
 
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:

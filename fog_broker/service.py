@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
@@ -126,6 +126,9 @@ class FogService:
         self._session_sig = sign_session_offer(self.identity, c.site, self.epoch, self.session.public_bytes)
         self.counters: Counter[str] = Counter()
         self.flags: dict[str, tuple[str, ...]] = {}  # device -> implausible claims in its birth
+        # Recent faults and recoveries, wall-clock stamped, for the status document and the site page.
+        self.events: deque[dict[str, Any]] = deque(maxlen=200)
+        self._recoveries_seen = 0
         self.inbox: queue.Queue[Any] = queue.Queue(maxsize=200_000)
         self._local: dict[str, Future[InferenceResult]] = {}  # in-process requests awaiting the router
         # Trust: enrolled devices (ingest, results), operators (control), coordinators (releases).
@@ -425,16 +428,26 @@ class FogService:
             elif isinstance(cmd, DeviceLost):
                 log.warning("device %s lost (%s)", cmd.device_id, cmd.reason)
                 self.counters["devices_lost"] += 1
+                self._event("device lost", cmd.device_id, cmd.reason)
                 self.controller.device_lost(cmd.device_id, now)
                 self._dirty = True
                 self._reconcile(now)  # re-place at once: detection -> deploy without waiting a tick
                 self._router_cmds(self.router.device_lost(cmd.device_id, self._chains_of(), now, time.time()))
             elif isinstance(cmd, DeviceJoined):
                 log.info("device %s joined (epoch %d%s)", cmd.device_id, cmd.epoch, ", rejoin" if cmd.rejoin else "")
+                if cmd.rejoin and cmd.new_epoch:  # back on a new connection (a rebirth lost nothing)
+                    self._event("device back", cmd.device_id, f"epoch {cmd.epoch}")
                 self.controller.device_joined(cmd.device_id)
                 self._dirty = True
 
+    def _event(self, kind: str, device: str, reason: str) -> None:
+        self.events.append({"at": round(time.time(), 3), "kind": kind, "device": device, "reason": reason})
+
     def _tick(self, now: float) -> None:
+        rec = self.controller.recoveries  # appended by reconcile and by acks: look once a tick
+        for took in rec[self._recoveries_seen:]:
+            self._event("recovered", "", f"a lost partition runs again {took * 1000:.0f} ms after its loss")
+        self._recoveries_seen = len(rec)
         if now - self._last_trust_poll >= self.config.trust_poll_s:
             self._sync_trust(now)
         self._handle_registry(self.registry.tick(now), now)

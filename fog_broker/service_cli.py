@@ -289,8 +289,12 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         try:
             svc.start()
             if args.http is not None:
+                from . import metrics, site_page
                 from .http_api import HttpApi
-                http = HttpApi(svc, args.host, args.http, tls_dir=None if args.insecure else tls_dir).start()
+                http = HttpApi(svc, args.host, args.http, tls_dir=None if args.insecure else tls_dir)
+                http.extend(metrics.register_http)    # GET /metrics (Prometheus)
+                http.extend(site_page.register_http)  # GET /site, /site.json (the live site page)
+                http = http.start()
                 site.write_info(mqtt=f"{adv}:{port}", enroll=f"{adv}:{enroll_port}", http=f"{adv}:{http.port}")
                 (creds_dir / "fog.json").write_text(json.dumps(site.fog_json(), indent=1))
         except LocalViolation as exc:

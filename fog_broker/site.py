@@ -217,7 +217,7 @@ class Site:
         except TrustError as exc:
             raise LocalViolation(str(exc)) from None
         if role not in ROLES or role in ("device", "fog"):
-            raise LocalViolation(f"role must be operator, coordinator or app, not {role!r}")
+            raise LocalViolation(f"role must be operator, coordinator, app or monitor, not {role!r}")
         if name == self.fog_id or self.db.device(name) is not None:
             raise LocalViolation(f"{name!r} is already the name of this fog or of a device")
         prev = self.db.identity(name)

@@ -30,7 +30,12 @@ import zlib
 from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .http_api import HttpApi
 
 __all__ = [
     "NO_DOMAIN",
@@ -41,6 +46,7 @@ __all__ = [
     "page_headers",
     "page_html",
     "page_json",
+    "register_http",
     "workload_colour",
 ]
 
@@ -275,3 +281,34 @@ PAGE_HEADERS: dict[str, str] = {
 def page_headers() -> dict[str, str]:
     """``PAGE_HEADERS`` plus the Content-Security-Policy of the page."""
     return {**PAGE_HEADERS, "Content-Security-Policy": content_security_policy()}
+
+
+def register_http(app: web.Application, api: HttpApi, *, path: str = "/site", right: str = "status") -> None:
+    """``GET /site`` (the page) and ``GET /site.json`` (its data) on the fog's HTTP server
+    (``HttpApi.extend(site_page.register_http)``).
+
+    The page is static and holds no data: it is served to anyone who reaches the port, with
+    ``page_headers()``. The JSON is the site: callers authenticate as on the rest of the API
+    and need ``right`` (``status``: operators and coordinators); the status is read on the
+    owner thread without blocking the server's loop (``api.owner_call``).
+    """
+    import asyncio
+
+    from aiohttp import web
+
+    endpoint = path.rstrip("/").rsplit("/", 1)[-1] + ".json"  # relative to the page: works behind a prefix
+    body = page_html(endpoint)
+    headers = page_headers()
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(body=body, headers=headers)
+
+    async def data(request: web.Request) -> web.Response:
+        api.principal(request, right)
+        status = await api.owner_call(api.svc.status)
+        doc = await asyncio.get_running_loop().run_in_executor(None, page_json, status)
+        return web.Response(body=doc, headers={"Content-Type": "application/json", "Cache-Control": "no-store",
+                                               "X-Content-Type-Options": "nosniff"})
+
+    app.router.add_get(path, page)
+    app.router.add_get(path.rstrip("/") + ".json", data)

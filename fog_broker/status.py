@@ -98,4 +98,5 @@ def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | 
         "releases": svc.releases.view(),
         "counters": dict(sorted(counters.items())),
         "recoveries_s": [round(x, 4) for x in c.recoveries[-50:]],
+        "events": list(svc.events)[-50:],  # oldest first: device lost / back, partition recovered
     }

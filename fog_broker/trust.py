@@ -32,7 +32,7 @@ TOKEN_PREFIX = "fgl1"
 _TOKEN_RE = re.compile(r"^fgl1\.([a-z0-9]{6})\.([a-z0-9]{16})\.([0-9a-f]{64})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
-ROLES = ("device", "fog", "operator", "coordinator", "app")
+ROLES = ("device", "fog", "operator", "coordinator", "app", "monitor")
 DeviceState_ = Literal["pending", "approved", "revoked"]
 
 # What each role may ask of the fog: control actions over fog/CTL, "infer" over fog/INFER.
@@ -40,6 +40,7 @@ CONTROL_RIGHTS: Mapping[str, frozenset[str]] = {
     "operator": frozenset({"hello", "status", "deploy", "delete", "infer"}),
     "coordinator": frozenset({"hello", "status", "infer"}),
     "app": frozenset({"hello", "infer"}),
+    "monitor": frozenset({"hello", "status"}),  # read-only: Prometheus, the site page, dashboards
 }
 
 

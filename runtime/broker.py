@@ -317,8 +317,8 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
     * device: write its own BIRTH/STATE/DEATH/ACK, read its own CMD/ACT, ``fog/STATE``,
       ``fog/REBIRTH`` and ``fog/TIME``; the data plane: forward activations to any device's ACT
       (each is sealed by the sender and carries a fog-signed route) and answer the fog;
-    * operator, coordinator, app: control and inference requests (the fog decides per role what
-      each may ask), their own replies, the fog's STATE;
+    * operator, coordinator, app, monitor: control and inference requests (the fog decides per
+      role what each may ask), their own replies, the fog's STATE;
     * coordinator: also releases and the fleet summary.
     """
     b = f"{ROOT}/{site}"
@@ -333,7 +333,7 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
             lines += [f"topic read {b}/dev/{name}/CMD", f"topic read {b}/dev/{name}/ACT",
                       f"topic read {b}/fog/STATE", f"topic read {b}/fog/REBIRTH", f"topic read {b}/fog/TIME",
                       f"topic write {b}/dev/+/ACT", f"topic write {b}/reply/{fog_id}"]
-        elif role in ("operator", "coordinator", "app"):
+        elif role in ("operator", "coordinator", "app", "monitor"):
             lines += [f"topic write {b}/fog/INFER", f"topic write {b}/fog/CTL", f"topic read {b}/reply/{name}",
                       f"topic read {b}/fog/STATE"]
             if role == "coordinator":

@@ -33,7 +33,7 @@ FOG_JSON = "fog.json"
 IDENTITY_JSON = "identity.json"
 SIGNING_KEY = "signing.key"
 CREDENTIALS_ENV = "FOGLINE_CREDENTIALS"
-CLIENT_ROLES = ("operator", "coordinator", "app")
+CLIENT_ROLES = ("operator", "coordinator", "app", "monitor")
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ class Fleet:
         self.admin = self.issue("admin", "operator")
         self._client: Any = None
         self._deployed = False
+        self._http: Any = None
 
     def issue(self, name: str, role: str) -> Path:
         return Path(self.svc.site.issue_credentials(name, role, self.tmp / "creds" / name, time.time()))
@@ -137,7 +138,31 @@ class Fleet:
         w = next(w for w in self.client.status(limit=0)["workloads"] if w["name"] == "m")
         return [p["device"] for r in w["placement"] for p in r["partitions"]]
 
+    def http(self) -> Any:
+        """The fog's HTTP API (``fogline broker --http``, plain HTTP on loopback) with /metrics and /site."""
+        from fog_broker import metrics, site_page
+        from fog_broker.http_api import HttpApi
+        if self._http is None:
+            if not hasattr(HttpApi, "extend"):
+                pytest.skip("fog_broker.http_api.HttpApi has no extend() to add routes to")
+            api = HttpApi(self.svc, "127.0.0.1", 0, tls_dir=None)
+            api.extend(metrics.register_http)
+            api.extend(site_page.register_http)
+            self._http = api.start()
+        return self._http
+
+    def token(self, creds: Path) -> str:
+        """``fogline api-token --credentials CREDS``."""
+        import os
+
+        from fog_broker.api_auth import mint_token
+        from runtime.credentials import load_credentials
+        c = load_credentials(creds)
+        return mint_token(c.signing, c.fog.site, c.fog.fog_id, time.time(), 600, os.urandom(8))
+
     def close(self) -> None:
+        if self._http is not None:
+            self._http.stop()
         if self._client is not None:
             self._client.close()
         for a in self.agents.values():
@@ -304,6 +329,48 @@ def test_openmetrics_and_a_stuck_owner_thread(fleet: Fleet) -> None:
         release.set()
         blocker.join(10)
     assert val(scrape(fleet.svc), "fogline_fog_owner_responsive") == 1
+
+
+def test_metrics_and_the_site_page_on_the_fogs_http_api(fleet: Fleet) -> None:
+    """The routes ``register_http`` adds to the real HTTP API: the same authentication as inference."""
+    import json
+    import urllib.error
+    import urllib.request
+    pytest.importorskip("aiohttp", reason="the HTTP API needs aiohttp: pip install 'fogline[fog]'")
+    api = fleet.started().http()
+    base = f"http://127.0.0.1:{api.port}"
+
+    def get(path: str, token: str | None = None, accept: str | None = None) -> tuple[int, dict[str, str], bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if accept:
+            headers["Accept"] = accept
+        try:
+            with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers), timeout=10) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    assert get("/metrics")[0] == 401
+    app = fleet.issue("dashboard-app", "app")
+    wait_for(lambda: "dashboard-app" in fleet.svc.control.roles, 5, "app identity known")
+    code, _, body = get("/metrics", fleet.token(app))
+    assert code == 403 and "may not status" in json.loads(body)["error"]
+    code, headers, body = get("/metrics", fleet.token(fleet.admin))
+    assert code == 200 and headers["Content-Type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    live = next(s.value for s in fams["fogline_fog_devices"].samples if s.labels["state"] == "live")
+    assert live == len(fleet.alive()) and fams["fogline_fog_owner_responsive"].samples[0].value == 1
+    code, headers, _ = get("/metrics", fleet.token(fleet.admin), "application/openmetrics-text; version=1.0.0")
+    assert code == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
+    # the page: static, no data, served with its CSP; its data needs the status right
+    code, headers, body = get("/site")
+    assert code == 200 and b'content="site.json"' in body and "script-src 'sha256-" in headers[
+        "Content-Security-Policy"]
+    assert get("/site.json")[0] == 401 and get("/site.json", fleet.token(app))[0] == 403
+    code, _, body = get("/site.json", fleet.token(fleet.admin))
+    doc = json.loads(body)
+    assert code == 200 and doc["site"] == SITE
+    assert {d["id"] for g in doc["domains"] for d in g["devices"]} >= fleet.alive()
 
 
 def test_every_counter_of_a_snapshot_is_exported_once() -> None:
