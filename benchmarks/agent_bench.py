@@ -146,10 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-    from _agent_harness import FogSide, kill, spawn_agent  # noqa: PLC0415
+    from _agent_harness import kill  # noqa: PLC0415
 
-    from edge_agent.testing import tiny_chain  # noqa: PLC0415
-    from runtime.broker import BrokerConfig, MosquittoBroker  # noqa: PLC0415
+    from simulations.local_site import LocalSite  # noqa: PLC0415
 
     result: dict[str, Any] = {"benchmark": "agent", "python": sys.version.split()[0],
                               "cpus": os.cpu_count(), "load_avg_1m_start": round(os.getloadavg()[0], 2)}
@@ -181,43 +180,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
-        broker = MosquittoBroker(BrokerConfig(data_dir=tmpd / "mq", persistence=False)).start()
-        fog = FogSide(broker)
-        procs = []
+        # the agent as deployed: a secure site (TLS, client certificate from enrolment with a token)
+        site = LocalSite(tmpd / "fog", args=["--state-interval", "1"]).start()
+        procs: list[subprocess.Popen[bytes]] = []
+        client = site.client()
+
+        def alive(prefix: str) -> set[str]:
+            return {d["id"] for d in client.status()["devices"] if d["alive"] and d["id"].startswith(prefix)}
+
+        def wait(pred: Any, timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while not pred():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("agent bench: condition not met")
+                time.sleep(0.05)
         try:
-            fog.online()
             t0 = time.monotonic()
-            proc = spawn_agent(broker, "bench-0", tmpd / "bench-0")
+            proc = subprocess.Popen(site.agent_argv("bench-0", tmpd / "bench-0", "--state-interval", "1",
+                                                    "--threads", "1"),
+                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             procs.append(proc)
-            fog.wait_leaf("bench-0", "BIRTH", timeout=30)
-            result["spawn_to_birth_s"] = round(time.monotonic() - t0, 3)
+            wait(lambda: "bench-0" in alive("bench-"), 60)
+            result["spawn_to_alive_s"] = round(time.monotonic() - t0, 3)  # enrolment (HTTPS) + TLS + birth
             time.sleep(1.5)  # one probe/state cycle
             rss_idle = _rss_mb(proc.pid)
             result["rss_mb"]["agent_idle"] = round(rss_idle, 1)
             result["rss_mb"]["agent_idle_ratio_vs_paho"] = round(rss_idle / result["rss_mb"]["paho_baseline"], 2)
-            chain = tiny_chain()
             t1 = time.monotonic()
-            fog.command("bench-0", fog.fog.deploy("d0", chain.parts[0]))
-            ack = fog.wait_leaf("bench-0", "ACK", timeout=30)
+            client.deploy({"name": "m", "model": "zoo:mlp", "source": "bench-0", "sink": "bench-0"})
+            client.wait_running("m", 60)
             result["first_deploy_s"] = round(time.monotonic() - t1, 3)  # includes importing onnxruntime
-            result["first_deploy_ok"] = ack.ok
+            result["first_deploy_ok"] = True
             time.sleep(0.5)
             result["rss_mb"]["agent_one_partition"] = round(_rss_mb(proc.pid), 1)
             result["rss_mb"]["onnxruntime_cost"] = round(result["rss_mb"]["agent_one_partition"] - rss_idle, 1)
             kill(proc)
             if args.fleet > 1:
                 fproc = subprocess.Popen(
-                    [sys.executable, "-m", "edge_agent", "--broker", broker.address, "--simulate", "pi4",
-                     "--count", str(args.fleet), "--id-prefix", "fl-", "--data-dir", str(tmpd / "fleet")],
+                    [sys.executable, "-m", "edge_agent", "--broker", site.mqtt, "--enroll", site.enroll,
+                     "--simulate", "pi4", "--count", str(args.fleet), "--id-prefix", "fl-",
+                     "--data-dir", str(tmpd / "fleet"), "--token", site.token(uses=args.fleet)],
                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 procs.append(fproc)
                 t2 = time.monotonic()
-                seen: set[str] = set()
-                while len(seen) < args.fleet:
-                    _, dev, _, _ = fog.wait(lambda d, leaf, m: leaf == "BIRTH" and d.startswith("fl-")
-                                            and d not in seen, timeout=60)
-                    seen.add(dev)
-                result["fleet"] = {"agents": args.fleet, "all_born_s": round(time.monotonic() - t2, 3)}
+                wait(lambda: len(alive("fl-")) >= args.fleet, 120)
+                result["fleet"] = {"agents": args.fleet, "all_alive_s": round(time.monotonic() - t2, 3)}
                 time.sleep(1.5)
                 rss = _rss_mb(fproc.pid)
                 result["fleet"]["rss_mb"] = round(rss, 1)
@@ -225,8 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             for p in procs:
                 kill(p)
-            fog.close()
-            broker.stop()
+            client.close()
+            site.stop()
 
     if args.link_mbit:
         result["link_estimate"] = _link_estimate(args.link_mbit)

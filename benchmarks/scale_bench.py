@@ -178,7 +178,7 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
         born_at = None
         last_print = 0.0
         while time.monotonic() - t_ramp < 300:
-            st = c.status(timeout=10.0)
+            st = c.status(timeout=10.0, limit=5000)
             now = time.monotonic()
             n_alive = len(_alive(st) & want)
             marks.append((now, int(st["counters"].get("verifier.accepted", 0)), n_alive))
@@ -201,7 +201,7 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
         a0 = int(c.status()["counters"].get("verifier.accepted", 0))
         s0 = time.monotonic()
         time.sleep(steady)
-        st = c.status()
+        st = c.status(limit=5000)
         a1 = int(st["counters"].get("verifier.accepted", 0))
         offered = len(want) / interval
         res["steady_ingest_per_s"] = _r((a1 - a0) / (time.monotonic() - s0), 1)
@@ -220,7 +220,7 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
         if not _wait(lambda: _all_running(c.status(), names, set()), 180, 0.1):  # type: ignore[union-attr]
             raise RuntimeError("workloads not running after 180 s")
         t_run = time.monotonic()
-        st = c.status()
+        st = c.status(limit=5000)
         res["deploy_accepted_s"] = _r(t_acc - t_dep)
         res["deploy_to_all_running_s"] = _r(t_run - t_dep)
         res["partitions_placed"] = sum(len(r["partitions"]) for w in st["workloads"] if w["name"] in names

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import LocalViolation
+from runtime.files import atomic_write
 
 __all__ = ["Settings", "SETTINGS_KEY", "SETTINGS_ENV", "SETTINGS_FILE", "REPORT_FILE", "FATAL_FILE",
            "RELEASES_DIR", "SUMMARIES_DIR", "settings_for"]
@@ -84,12 +85,7 @@ class Settings:
     def save(self) -> Path:
         path = self.path(SETTINGS_FILE)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(self.to_json())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, self.to_json())
         return path
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from runtime.files import atomic_write as _atomic_write
 from runtime.errors import DecodeError, FoglineError, LocalViolation, RemoteViolation, SecurityError
 from runtime.security import ArtifactSignature, Identity, sign_artifact, verify_artifact
 
@@ -155,38 +156,9 @@ class ScanReport:
 # ---------------------------------------------------------------- files
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
-
-    On any failure (ENOSPC, EIO, ...) the temp file is removed before the error propagates.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
+    """``runtime.files.atomic_write``, durable by default (a checkpoint must survive a power cut)."""
+    _atomic_write(path, data, mode=mode, sync_dir=sync_dir)
 
 
 class CheckpointStore:

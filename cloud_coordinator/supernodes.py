@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from runtime.errors import LocalViolation
+from runtime.files import atomic_write
 
 from .layout import DUPLICATE_DEVICE, UNKNOWN_NODE
 
@@ -111,13 +112,8 @@ class KeyBook:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps({"nodes": {d: n.public_key for d, n in sorted(self.nodes.items())}},
-                                      indent=1))
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(self.path, json.dumps({"nodes": {d: n.public_key for d, n in sorted(self.nodes.items())}},
+                                           indent=1))
 
     def by_key_id(self) -> dict[str, str]:
         """key id -> device id."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime import codec, relay
+from runtime.files import atomic_write
 from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
 from runtime.messages import (CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message, Rebirth, Taint,
                               TimeHint, Undeploy)
@@ -64,7 +65,7 @@ EPOCH_FILE = "epoch"
 STATUS_FILE = "status.json"
 MiB = 1024 * 1024
 _MAX_FOG_NAMES = 8
-_SKEW_APPLY_S = 2.0  # smaller differences are network delay and NTP noise: our clock stands
+_SKEW_APPLY_S = 10.0  # smaller differences are delivery delays and NTP noise: our clock stands
 
 
 class Probe(Protocol):
@@ -132,9 +133,7 @@ def partition_flops(artifact: bytes) -> float | None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 class Agent:
@@ -170,6 +169,7 @@ class Agent:
         # once it passes _SKEW_APPLY_S (a Pi without an RTC boots in the past).
         self.clock_skew = 0.0
         self.measured_skew: float | None = None
+        self._skew_samples: collections.deque[float] = collections.deque(maxlen=8)
         self.caps = probe.capabilities()
         if cfg.model_compute:
             self.executor.device_flops = self.caps.flops
@@ -425,9 +425,14 @@ class Agent:
         except RemoteViolation as exc:
             self._count(f"rejected time hint: {getattr(exc, 'reason', 'malformed')}")
             return
-        self.measured_skew = hint.wall - time.time()
+        # hint.wall - our clock = true skew - delivery delay, so each sample is a lower bound: the
+        # largest recent one is the least delayed. Small skews are noise next to a busy broker's
+        # delays and harmless next to the +-30 s freshness window; a clock without an RTC is off by
+        # hours, and only that is corrected.
+        self._skew_samples.append(hint.wall - time.time())
+        self.measured_skew = max(self._skew_samples)
         applied = self.measured_skew if abs(self.measured_skew) > _SKEW_APPLY_S else 0.0
-        if abs(applied - self.clock_skew) > _SKEW_APPLY_S:
+        if abs(applied - self.clock_skew) > _SKEW_APPLY_S / 2:
             log.warning("%s: our clock is %+.1f s off the fog's; correcting timestamps by it", self.device_id,
                         -self.measured_skew)
             self.clock_skew = applied

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from runtime.errors import SecurityError
+from runtime.files import atomic_write
 from runtime.messages import ModelRelease
 from runtime.security import ArtifactSignature, verify_artifact
 
@@ -55,12 +56,7 @@ class ReleaseBook:
     def accept(self, msg: ModelRelease, ref: str) -> None:
         self.releases[msg.workload] = {"version": msg.version, "model": ref, "signer": msg.signer,
                                        "metadata": {k: v for k, v in msg.metadata.items() if k != "public_key"}}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.releases, indent=1))
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(self.path, json.dumps(self.releases, indent=1))
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self.releases.get(name)

@@ -360,13 +360,24 @@ def render_status(st: dict[str, Any]) -> str:
                  f"{m['devices_suspect']}, dead {m['devices_dead']}")
     if st.get("quotas"):
         lines.append("Quotas:       " + ", ".join(f"{t}: {_fmt_bytes(b)}" for t, b in st["quotas"].items()))
+    lines.append(f"Security:     {'TLS, client certificates, ACL' if st.get('secure', True) else 'INSECURE (plain MQTT)'}")
+    enrol = st.get("enrolment") or {}
+    if enrol.get("pending"):
+        lines.append(f"Enrolment:    pending approval: {', '.join(enrol['pending'])} "
+                     "(fogline devices approve ID --data-dir FOGDIR)")
     lines.append("")
-    lines.append(f"Devices ({len(st['devices'])}):")
+    total = st.get("devices_total", len(st["devices"]))
+    shown = f"{len(st['devices'])} of {total}, from {st.get('devices_offset', 0)}" if total != len(st["devices"]) \
+        else str(total)
+    lines.append(f"Devices ({shown}):")
     lines.append(f"  {'ID':<20} {'STATUS':<8} {'FREE':>10} {'MEMORY':>10} {'BATTERY':>8}  PARTITIONS")
     for d in st["devices"]:
         batt = "-" if d["battery_level"] is None else f"{d['battery_level']:.0%}" + ("+" if d["charging"] else "")
+        notes = [f"clock {d['clock_skew_s']:+.0f} s"] if d.get("clock_skew_s") and abs(d["clock_skew_s"]) > 10 else []
+        notes += d.get("flags") or []
         lines.append(f"  {d['id']:<20} {d['status']:<8} {_fmt_bytes(d['free_memory_bytes']):>10} "
-                     f"{_fmt_bytes(d['memory_bytes']):>10} {batt:>8}  {', '.join(d['partitions']) or '-'}")
+                     f"{_fmt_bytes(d['memory_bytes']):>10} {batt:>8}  {', '.join(d['partitions']) or '-'}"
+                     + (f"  [{'; '.join(notes)}]" if notes else ""))
     lines.append("")
     lines.append(f"Workloads ({len(st['workloads'])}):")
     for w in st["workloads"]:
@@ -381,6 +392,10 @@ def render_status(st: dict[str, Any]) -> str:
                 extra = f"  [{p['reason']}]" if p["reason"] else ""
                 lines.append(f"      p{p['index']} segments {p['segments'][0]}-{p['segments'][1]} on "
                              f"{p['device']:<16} {p['phase']}{extra}")
+        lat = w.get("latency") or {}
+        if lat.get("predicted_s") is not None and lat.get("measured_p50_s"):
+            lines.append(f"    latency: predicted {lat['predicted_s'] * 1000:.2f} ms, measured p50 "
+                         f"{lat['measured_p50_s'] * 1000:.2f} ms (error {lat['error']:+.0%})")
         if w["reasons"]:
             lines.append("    Pending because:")
             for k, v in w["reasons"].items():

@@ -24,6 +24,7 @@ from typing import Any
 
 from runtime.credentials import FOG_JSON, IDENTITY_JSON, SIGNING_KEY
 from runtime.errors import LocalViolation
+from runtime.files import atomic_write
 from runtime.pki import SiteCA, TlsBundle, cert_identity
 from runtime.security import Identity
 
@@ -49,14 +50,7 @@ class SiteInfo:
 
 
 def _write_json(path: Path, data: Any, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, json.dumps(data, indent=1), mode=mode)
 
 
 class Site:

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .errors import LocalViolation
+from .files import atomic_write
 from .mqtt import TlsConfig
 
 __all__ = ["SiteCA", "TlsBundle", "cert_identity", "fingerprint_of", "make_key_and_csr", "write_private"]
@@ -46,23 +47,13 @@ def _now() -> datetime.datetime:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write a secret readable by the owner only (temp file, fsync, rename)."""
+    """Write a secret readable by the owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    atomic_write(path, data, mode=0o600)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

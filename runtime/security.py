@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from . import codec
+from .files import atomic_write
 from .errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
 from .messages import Envelope, Message
 
@@ -112,15 +113,7 @@ class Identity:
         path.parent.mkdir(parents=True, exist_ok=True)
         pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                       serialization.NoEncryption())
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, pem)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        atomic_write(path, pem, mode=0o600)
 
     @classmethod
     def load(cls, name: str, path: str | Path) -> "Identity":
@@ -204,9 +197,7 @@ class TrustStore:
             raise RemoteViolation("Ed25519 public keys are 32 bytes")
         self._put(name, key)
         if self.path:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
 
     def remove(self, name: str) -> bool:
         """Forget ``name`` (a revoked identity); True if it was known."""
@@ -214,9 +205,7 @@ class TrustStore:
             return False
         del self._keys[name]
         if self.path:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps({n: k.hex() for n, k in sorted(self._raw.items())}, indent=1))
         return True
 
     def names(self) -> list[str]:
