@@ -83,11 +83,13 @@ class Processes:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+            # the whole session, even when its leader is gone: children it spawned (Flower's
+            # SuperExec, verify workers) may outlive a SIGTERM to the leader
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=5)
 
 
