@@ -21,6 +21,13 @@ __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command",
 
 Chain = tuple[int, tuple[Hop, ...]]  # (replica, route)
 
+
+def _chain_id(chain: Chain) -> tuple[int, int]:
+    """(replica, version): during a version switch an old and a new chain may share a replica index,
+    and a request that failed on the old one (retired and undeployed) must still fail over to the new."""
+    return chain[0], chain[1][0].version if chain[1] else -1
+
+
 # Upper bounds (s) of the latency buckets: 1 ms (one hop on a LAN) to 30 s (a long chain on slow devices).
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                         2.5, 5.0, 10.0, 30.0)
@@ -75,7 +82,7 @@ class _Pending:
     attempt_deadline: float
     attempt: int
     chain: Chain
-    tried: set[int] = field(default_factory=set)
+    tried: set[tuple[int, int]] = field(default_factory=set)  # chain ids (``_chain_id``)
     errors: list[str] = field(default_factory=list)
 
 
@@ -192,7 +199,7 @@ class Router:
 
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:
-            fresh = [c for c in chains if c[0] not in p.tried]
+            fresh = [c for c in chains if _chain_id(c) not in p.tried]
             if fresh:
                 self.counters["retries"] += 1
                 return self._send(p, fresh, now, wall)
@@ -204,9 +211,9 @@ class Router:
         chain = chains[0]
         p.chain = chain
         p.attempt += 1
-        p.tried.add(chain[0])
+        p.tried.add(_chain_id(chain))
         remaining = p.deadline - now
-        others = [c for c in chains[1:] if c[0] not in p.tried]
+        others = [c for c in chains[1:] if _chain_id(c) not in p.tried]
         # Leave half of the budget for the failover when another chain could take it.
         share = remaining / 2 if others and p.attempt < self.config.max_attempts else remaining
         p.attempt_deadline = now + share

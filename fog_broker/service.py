@@ -557,7 +557,7 @@ class FogService:
 
     def _persist(self, name: str) -> None:
         rows = [StoredAssignment(a.key[0], a.key[1], a.key[2], a.key[3], a.first, a.last, a.device, a.sha256)
-                for a in self.controller.assignments_of(name)]
+                for a in self.controller.persisted_of(name)]  # a switch's old partitions too
         self.store.replace_assignments(name, rows)
 
     # ------------------------------------------------------------ data plane

@@ -392,6 +392,15 @@ def render_status(st: dict[str, Any]) -> str:
                 extra = f"  [{p['reason']}]" if p["reason"] else ""
                 lines.append(f"      p{p['index']} segments {p['segments'][0]}-{p['segments'][1]} on "
                              f"{p['device']:<16} {p['phase']}{extra}")
+        sw = w.get("switch")
+        if sw:
+            counts: dict[str, int] = {}
+            for p in sw["old_partitions"]:
+                counts[p["state"]] = counts.get(p["state"], 0) + 1
+            lines.append(f"    switching v{sw['from_version']} -> v{sw['to_version']} ({sw['mode']}, make-before-break): "
+                         f"serving v{', v'.join(str(v) for v in sw['serving_versions']) or ' none'}; old partitions "
+                         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                         + (f"; {sw['reason']}" if sw.get("reason") else ""))
         lat = w.get("latency") or {}
         if lat.get("predicted_s") is not None and lat.get("measured_p50_s"):
             lines.append(f"    latency: predicted {lat['predicted_s'] * 1000:.2f} ms, measured p50 "

@@ -52,7 +52,8 @@ def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
     return {
         "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
         "priority": e.spec.priority, "replicas": e.spec.replicas,
-        "healthy_replicas": len(c.chains(name)), "model": e.spec.model,
+        "healthy_replicas": c.healthy_replicas(name), "model": e.spec.model,
+        "switch": c.switch_view(name),  # a version change in progress: what serves, what drains
         "segments": len(e.spec.profile.segments) if e.spec.profile else None,
         "placement": [{"replica": r, "partitions": parts,
                        "latency_s": costs[r].latency_s if r in costs else None,

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from ._core import (
-    Assignment, Command, Controller, ControllerConfig, DeployPartition, PartKey, Persist, Phase,
-    ScheduleFn, UndeployPartition, WorkloadEntry, sub_profile,
+    BREAK_BEFORE_MAKE, MAKE_BEFORE_BREAK, ROLLING, Assignment, Command, Controller, ControllerConfig,
+    DeployPartition, PartKey, Persist, Phase, ScheduleFn, Switch, UndeployPartition, WorkloadEntry, sub_profile,
 )
 
 __all__ = [
     "Assignment", "Command", "Controller", "ControllerConfig", "DeployPartition", "PartKey",
     "Persist", "Phase", "ScheduleFn", "UndeployPartition", "WorkloadEntry", "sub_profile",
+    "Switch", "MAKE_BEFORE_BREAK", "ROLLING", "BREAK_BEFORE_MAKE",
 ]

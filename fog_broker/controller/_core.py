@@ -15,10 +15,42 @@ Repair keeps the cut points: a lost partition is re-placed as a one-partition
 sub-chain between its neighbours, so the healthy partitions of the chain, its
 other replicas and every other workload stay where they are. When no device
 can take it, the workload is re-planned whole (the scheduler may preempt).
+
+A new version of a workload switches make-before-break (``Switch``)::
+
+    set_workload(v2)    v1's complete replicas move to the switch and keep serving
+                        (``chains`` returns them); v1's broken or unfinished ones go at once
+    reconcile ...       v2 is planned next to v1: v1's partitions are not ``reserved``, so
+                        the fleet snapshot shows the memory they hold (the scheduler and
+                        repairs see it); v2 deploys like any workload
+    v2 all replicas     v1's replicas retire: ``chains`` returns v2's from now on, and v1's
+      running           partitions are undeployed ``drain_s`` later (requests already routed
+                        to them finish); the switch ends once devices stop reporting them
+
+v1 is never repaired or redeployed during a switch: a lost v1 partition takes its
+replica out of service (its other partitions go at once), and when no v1 replica
+serves any more, requests go to v2's healthy chains as soon as there are any.
+v1's and v2's assignments are persisted, so a fog restart adopts both and goes on.
+
+When v2 does not fit next to v1 (and would fit without it), the switch rolls
+replica by replica (``ROLLING``): retire one v1 replica (drained), place one v2
+replica in its memory (on a replica index v1 does not use, if there is one), wait
+until it runs, and again; ``chains`` serves v2's running replicas, then v1's left
+(on the other indices), so no step leaves the workload without a serving chain. Only when one v1
+replica is left, nothing of v2 runs and not even one v2 replica fits next to it
+(``replicas: 1`` at a full site, typically) does it break before making
+(``BREAK_BEFORE_MAKE``, after ``switch_break_after_s``): v1 serves up to its
+undeploy, without a drain (which would only refuse requests for longer), and
+requests are refused with the switch's reason until v2 runs. A rollout that cannot happen at
+all is worse than a short gap (the coordinator's release would never serve), but a
+gap that cannot help is not taken: if v2 would not fit even without v1, or this
+cannot be told (after a restart the old spec is unknown), v1 serves on and the
+reason says why.
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence, Union
@@ -33,6 +65,7 @@ from ..placement.model import (
 __all__ = [
     "Phase", "PartKey", "Assignment", "WorkloadEntry", "ControllerConfig", "Controller",
     "DeployPartition", "UndeployPartition", "Persist", "Command", "ScheduleFn", "sub_profile",
+    "Switch", "MAKE_BEFORE_BREAK", "ROLLING", "BREAK_BEFORE_MAKE",
 ]
 
 PartKey = tuple[str, int, int, int]  # workload, version, replica, index
@@ -129,6 +162,36 @@ class WorkloadEntry:
     replicas: tuple[ReplicaPlacement, ...] = ()  # desired, as last planned (costs for status)
 
 
+MAKE_BEFORE_BREAK = "make-before-break"
+ROLLING = "rolling"
+BREAK_BEFORE_MAKE = "break-before-make"
+
+
+@dataclass(slots=True)
+class Switch:
+    """A workload's version change in progress: the old partitions and what happens to them.
+
+    ``parts`` are the old partitions still deployed. Those of ``version`` not in ``retire_at``
+    serve (``Controller.chains``) until the new version runs; the others are retired: no new
+    request is routed to them and they are undeployed at ``retire_at`` (nan: set by the next
+    pass). ``gone`` keeps undeployed ones (and when) until their devices stop reporting them:
+    their memory is free then, and their reports are not orphans meanwhile.
+    """
+
+    version: int                   # the old version that serves until the new one runs
+    segments: int                  # segments of its model (what a complete chain covers)
+    spec: Workload | None          # its spec (None when adopted after a restart)
+    parts: dict[PartKey, Assignment] = field(default_factory=dict)
+    specs: dict[int, Workload] = field(default_factory=dict)  # of every version in ``parts``, when known
+    retire_at: dict[PartKey, float] = field(default_factory=dict)
+    gone: dict[PartKey, tuple[Assignment, float]] = field(default_factory=dict)
+    mode: str = MAKE_BEFORE_BREAK  # | ROLLING | BREAK_BEFORE_MAKE
+    since: float = math.nan        # the first pass that saw it
+    reason: str = ""               # why it is not plain make-before-break (or why it waits)
+    next_try: float = -math.inf    # rolling: the next step after one that could not be taken
+    fell_back: bool = False        # went rolling at least once (counted once)
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     ack_timeout_s: float = 5.0
@@ -139,12 +202,41 @@ class ControllerConfig:
     startup_wait_s: float = 10.0    # after a restart, at most this long to hear from devices
     orphan_grace_s: float = 3.0     # a reported partition we do not know is undeployed after this
     missing_grace_s: float = 2.0    # a RUNNING partition absent from fresh reports for this long is redeployed
+    drain_s: float = 2.0            # a retired old-version partition is undeployed this long after its last request
+    switch_break_after_s: float = 0.0  # a switch with no room even replica by replica breaks first after this (inf: never)
 
 
 def sub_profile(profile: ChainProfile, first: int, last: int) -> ChainProfile:
     """The chain profile of segments first..last as a model of its own."""
     inp = profile.input_bytes if first == 0 else profile.segments[first - 1].out_bytes
     return ChainProfile(f"{profile.model}[{first}:{last}]", inp, profile.segments[first:last + 1])
+
+
+def _complete(parts: Sequence[Assignment], nseg: int) -> bool:
+    """``parts`` (sorted by index) cover segments 0..nseg-1 contiguously."""
+    return bool(parts) and parts[0].first == 0 and parts[-1].last == nseg - 1 and \
+        all(p.first == q.last + 1 for q, p in itertools.pairwise(parts))
+
+
+def _by_replica(parts: Iterable[Assignment]) -> dict[int, list[Assignment]]:
+    """Assignments grouped by replica, each group sorted by index; replicas in ascending order."""
+    by_rep: dict[int, list[Assignment]] = {}
+    for a in parts:
+        by_rep.setdefault(a.replica, []).append(a)
+    return {r: sorted(by_rep[r], key=lambda a: a.index) for r in sorted(by_rep)}
+
+
+def _chains(workload: str, version: int, nseg: int,
+            mine: Iterable[Assignment]) -> list[tuple[int, tuple[Hop, ...]]]:
+    """The complete chains of ``mine`` (one version's assignments) whose partitions all run."""
+    out = []
+    for r, parts in _by_replica(mine).items():
+        if any(a.phase is not Phase.RUNNING for a in parts):
+            continue
+        if not _complete(parts, nseg):
+            continue  # a chain in the middle of a re-plan: not complete
+        out.append((r, tuple(Hop(a.device, workload, version, r, a.index) for a in parts)))
+    return out
 
 
 class Controller:
@@ -157,7 +249,8 @@ class Controller:
         self.prefix = command_prefix
         self.workloads: dict[str, WorkloadEntry] = {}
         self.quotas: dict[str, Quota] = {}
-        self.assignments: dict[PartKey, Assignment] = {}
+        self.assignments: dict[PartKey, Assignment] = {}  # of each workload's current version
+        self.switches: dict[str, Switch] = {}  # workload -> its version change in progress
         self.ready = ready
         self.ready_at = -math.inf
         self.started_at = 0.0
@@ -167,7 +260,8 @@ class Controller:
         self.deploy_latencies: list[float] = []  # first send -> running (s)
         self.counters: dict[str, int] = {"deploys": 0, "undeploys": 0, "retries": 0, "nacks": 0,
                                           "repairs": 0, "repair_fallbacks": 0, "plans": 0,
-                                          "adopted": 0, "orphans": 0}
+                                          "adopted": 0, "orphans": 0, "switches": 0, "switches_rolling": 0,
+                                          "switches_broken": 0, "retired": 0}
         self._seq = 0
         self._need_plan = True
         self._last_plan = -math.inf
@@ -181,22 +275,35 @@ class Controller:
     # ------------------------------------------------------------ inputs
 
     def start_after_restart(self, now: float, stored: Iterable[Assignment]) -> None:
-        """Adopt stored assignments as UNCONFIRMED and hold scheduling until devices are heard."""
+        """Adopt stored assignments as UNCONFIRMED and hold scheduling until devices are heard.
+
+        Stored partitions of an older version than the workload's are a switch that was in
+        progress: they are adopted into it and serve again (once reported) until the new
+        version runs.
+        """
+        old: dict[str, list[Assignment]] = {}
         for a in stored:
-            if a.key[0] in self.workloads and self.workloads[a.key[0]].version == a.key[1]:
-                a.phase = Phase.UNCONFIRMED
+            entry = self.workloads.get(a.key[0])
+            if entry is None or a.key[1] > entry.version:
+                continue
+            a.phase = Phase.UNCONFIRMED
+            self.counters["adopted"] += 1
+            if a.key[1] == entry.version:
                 self.assignments[a.key] = a
-                self.counters["adopted"] += 1
+            else:
+                old.setdefault(a.key[0], []).append(a)
+        for name, parts in old.items():
+            self.switches[name] = self._adopt_switch(parts)
         self.ready = False
         self.started_at = now
         self.ready_at = now + self.config.startup_wait_s
 
     def set_workload(self, spec: Workload, version: int) -> list[Command]:
-        """Add or replace a workload (a new version undeploys the old partitions)."""
+        """Add or replace a workload; a new version switches make-before-break (module docstring)."""
         out: list[Command] = []
         old = self.workloads.get(spec.name)
         if old is not None and old.version != version:
-            out.extend(self._drop_workload(spec.name))
+            out.extend(self._begin_switch(old))
         entry = self.workloads.get(spec.name)
         if entry is None or entry.version != version:
             self.workloads[spec.name] = WorkloadEntry(spec, version)
@@ -206,7 +313,11 @@ class Controller:
         return out
 
     def remove_workload(self, name: str) -> list[Command]:
+        """Delete a workload: every partition of every version goes now (a switch ends with it)."""
         out = self._drop_workload(name)
+        sw = self.switches.pop(name, None)
+        if sw is not None:
+            out.extend(self._undeploy(a.device, a.key) for a in sw.parts.values() if a.phase is not Phase.LOST)
         self.workloads.pop(name, None)
         self._need_plan = True
         return out
@@ -219,7 +330,7 @@ class Controller:
         self._need_plan = any(e.status == "pending" for e in self.workloads.values()) or self._need_plan
 
     def device_lost(self, device_id: str, now: float) -> None:
-        for a in self.assignments.values():
+        for a in self._all_parts():
             if a.device == device_id and a.phase is not Phase.LOST:
                 a.phase = Phase.LOST
                 a.lost_at = now
@@ -260,6 +371,10 @@ class Controller:
                     a.phase = Phase.PENDING if dev is not None and dev.alive else Phase.LOST
                     a.lost_at = now
                     a.reason = "not reported after restart"
+            for sw in self.switches.values():
+                for a in sw.parts.values():
+                    if a.phase is Phase.UNCONFIRMED:  # an old version is never redeployed
+                        a.phase, a.lost_at, a.reason = Phase.LOST, now, "not reported after restart"
             self._need_plan = True
         alive = fleet.cache.get("alive_ids")
         if alive is None:  # derived from the immutable snapshot: computed once per snapshot
@@ -267,11 +382,17 @@ class Controller:
         for a in self.assignments.values():
             if a.phase is not Phase.LOST and a.device not in alive:
                 a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
+        for sw in self.switches.values():
+            for a in sw.parts.values():
+                if a.phase is not Phase.LOST and a.device not in alive:
+                    a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
         self._expire(now)
         out.extend(self._repair(fleet, now))
         if self._need_plan or (now - self._last_plan >= self.config.replan_interval_s
                                and any(e.status == "pending" for e in self.workloads.values())):
             out.extend(self._plan(fleet, now))
+        if self.switches:
+            out.extend(self._advance_switches(fleet, now))
         out.extend(self._send_due(now))
         out.extend(self._pending_undeploy)
         self._pending_undeploy = []
@@ -287,35 +408,85 @@ class Controller:
                 best = min(best, a.deadline)
         if not self.ready:
             best = min(best, self.ready_at)
+        for sw in self.switches.values():
+            for t in sw.retire_at.values():
+                best = min(best, -math.inf if math.isnan(t) else t)
         return best
 
     # ------------------------------------------------------------ views
 
     def chains(self, workload: str) -> list[tuple[int, tuple[Hop, ...]]]:
-        """Healthy replica chains (every partition RUNNING), primary (lowest replica) first."""
+        """The chains that serve requests now (every partition RUNNING), primary first.
+
+        The workload's own version's healthy chains, lowest replica first; during a switch
+        the old version's until the new one runs (rolling: the new one's, then the old ones'
+        left, on other replica indices); when no old chain is left, the new one's.
+        """
         entry = self.workloads.get(workload)
         if entry is None:
             return []
-        return self._chains_of(workload, entry, [a for a in self.assignments.values()
-                                                 if a.key[0] == workload and a.key[1] == entry.version])
+        new = self._chains_of(workload, entry, self._mine(workload, entry))
+        sw = self.switches.get(workload)
+        if sw is None:
+            return new
+        old = self._old_chains(workload, sw)
+        if sw.mode == ROLLING:
+            taken = {r for r, _ in new}
+            return new + [c for c in old if c[0] not in taken]
+        return old or new
+
+    def healthy_replicas(self, workload: str) -> int:
+        """Healthy chains of the workload's own (newest) version, whatever serves during a switch."""
+        entry = self.workloads.get(workload)
+        return 0 if entry is None else len(self._chains_of(workload, entry, self._mine(workload, entry)))
+
+    def switch_view(self, workload: str) -> dict[str, object] | None:
+        """The switch in progress of ``workload`` for ``fogline status`` (None: none)."""
+        sw = self.switches.get(workload)
+        entry = self.workloads.get(workload)
+        if sw is None or entry is None:
+            return None
+        serving = self.chains(workload)
+        old = []
+        for a in sorted(sw.parts.values(), key=lambda a: a.key):
+            state = "draining" if a.key in sw.retire_at else "serving"
+            old.append({"version": a.key[1], "replica": a.replica, "index": a.index, "device": a.device,
+                        "phase": a.phase.value, "state": state})
+        for a, _ in sorted(sw.gone.values(), key=lambda g: g[0].key):
+            old.append({"version": a.key[1], "replica": a.replica, "index": a.index, "device": a.device,
+                        "phase": a.phase.value, "state": "undeployed"})
+        return {"from_version": sw.version, "to_version": entry.version, "mode": sw.mode,
+                "reason": sw.reason or None,
+                "serving_versions": sorted({h[0].version for _, h in serving if h}),
+                "old_partitions": old}
+
+    def persisted_of(self, workload: str) -> list[Assignment]:
+        """What the store keeps for ``workload``: its assignments and the old ones of a switch."""
+        out = self.assignments_of(workload)
+        sw = self.switches.get(workload)
+        if sw is not None:
+            out.extend(sorted(sw.parts.values(), key=lambda a: a.key))
+        return out
+
+    def _mine(self, workload: str, entry: WorkloadEntry) -> list[Assignment]:
+        return [a for a in self.assignments.values() if a.key[0] == workload and a.key[1] == entry.version]
+
+    def _all_parts(self) -> Iterable[Assignment]:
+        """Every assignment: current versions' and the old ones of switches."""
+        yield from self.assignments.values()
+        for sw in self.switches.values():
+            yield from sw.parts.values()
 
     def _chains_of(self, workload: str, entry: WorkloadEntry,
                    mine: Sequence[Assignment]) -> list[tuple[int, tuple[Hop, ...]]]:
         """``chains`` over ``mine``: the workload's assignments of its version, in dict order."""
-        by_rep: dict[int, list[Assignment]] = {}
-        for a in mine:
-            by_rep.setdefault(a.replica, []).append(a)
-        out = []
         nseg = len(entry.spec.profile.segments) if entry.spec.profile is not None else -1
-        for r in sorted(by_rep):
-            parts = sorted(by_rep[r], key=lambda a: a.index)
-            if not parts or any(a.phase is not Phase.RUNNING for a in parts):
-                continue
-            if parts[0].first != 0 or parts[-1].last != nseg - 1 or \
-                    any(p.first != q.last + 1 for q, p in zip(parts, parts[1:])):
-                continue  # a chain in the middle of a re-plan: not complete
-            out.append((r, tuple(Hop(a.device, workload, entry.version, r, a.index) for a in parts)))
-        return out
+        return _chains(workload, entry.version, nseg, mine)
+
+    def _old_chains(self, workload: str, sw: Switch) -> list[tuple[int, tuple[Hop, ...]]]:
+        """The switch's old chains that serve: of its version, not retired, every partition RUNNING."""
+        return _chains(workload, sw.version, sw.segments,
+                       [a for k, a in sw.parts.items() if k[1] == sw.version and k not in sw.retire_at])
 
     def _by_workload(self, *, skip_lost: bool = False) -> dict[str, list[Assignment]]:
         """Assignments of each workload's current version, in dict order (one pass, not one per workload)."""
@@ -355,7 +526,7 @@ class Controller:
 
     def _all_confirmed_or_heard(self, fleet: Fleet, reported: Mapping[str, Sequence[PartitionStatus]]) -> bool:
         """Every device a stored assignment names, and every source and sink, has reported."""
-        for a in self.assignments.values():
+        for a in self._all_parts():
             if a.phase is Phase.UNCONFIRMED and a.device not in reported:
                 return False
         for e in self.workloads.values():
@@ -380,10 +551,15 @@ class Controller:
                  now: float) -> list[Command]:
         out: list[Command] = []
         seen: set[PartKey] = set()
+        switches = self.switches
         for dev, parts in reported.items():
             for p in parts:
                 key = (p.workload, p.version, p.replica, p.index)
                 a = self.assignments.get(key)
+                if a is None and switches:
+                    sw = switches.get(p.workload)
+                    if sw is not None and self._observe_old(sw, dev, key, p, now, seen):
+                        continue
                 if a is not None and a.device == dev and a.sha256 == AWAIT_BUILD:
                     continue  # the old partition under a re-planned key: neither ours nor an orphan
                 mine = a is not None and a.device == dev and (not a.sha256 or a.sha256 == p.sha256)
@@ -412,7 +588,49 @@ class Controller:
                 self._missing_since.pop(a.key, None)
                 a.phase, a.attempts, a.next_try = Phase.PENDING, 0, now
                 a.reason = "no longer reported by the device"
+        if switches:
+            self._observe_switches(reported, now, seen)
         return out
+
+    def _observe_old(self, sw: Switch, dev: str, key: PartKey, p: PartitionStatus, now: float,
+                     seen: set[PartKey]) -> bool:
+        """A reported partition of an older version: True when the switch knows it (not an orphan)."""
+        a = sw.parts.get(key)
+        if a is not None and a.device == dev and (not a.sha256 or a.sha256 == p.sha256):
+            seen.add(key)
+            self._orphans_seen.pop((dev, key), None)
+            if p.health == "running" and a.phase is Phase.UNCONFIRMED:
+                a.phase, a.running_since = Phase.RUNNING, now
+                a.sha256 = a.sha256 or p.sha256
+            elif p.health == "failed" and a.phase is not Phase.LOST:
+                a.phase, a.lost_at, a.reason = Phase.LOST, now, f"reported failed by {dev}"
+            return True
+        g = sw.gone.get(key)
+        if g is not None and g[0].device == dev:
+            seen.add(key)  # undeployed, the device has not said so yet
+            return True
+        return False
+
+    def _observe_switches(self, reported: Mapping[str, Sequence[PartitionStatus]], now: float,
+                          seen: set[PartKey]) -> None:
+        """Old partitions missing from fresh reports are lost; undeployed ones no longer reported are gone."""
+        grace = self.config.missing_grace_s
+        gone_timeout = 2 * self.config.orphan_grace_s + grace
+        for sw in self.switches.values():
+            for a in sw.parts.values():
+                if a.phase is not Phase.RUNNING or a.key in seen or a.device not in reported:
+                    self._missing_since.pop(a.key, None)
+                    continue
+                since = self._missing_since.setdefault(a.key, now)
+                if now - since >= grace and now - a.running_since >= grace:
+                    self._missing_since.pop(a.key, None)
+                    a.phase, a.lost_at, a.reason = Phase.LOST, now, "no longer reported by the device"
+            for key, (a, at) in list(sw.gone.items()):
+                # Gone from its device's report (its memory is free: plan again), or reported long
+                # after the undeploy (the orphan rule takes it over from here).
+                if key not in seen or now - at >= gone_timeout:
+                    del sw.gone[key]
+                    self._need_plan = True
 
     def _orphan(self, dev: str, key: PartKey, now: float) -> list[Command]:
         first = self._orphans_seen.setdefault((dev, key), now)
@@ -563,7 +781,7 @@ class Controller:
         if not self.workloads:
             return []
         self.counters["plans"] += 1
-        specs = [e.spec for e in self.workloads.values()]
+        specs = self._plan_specs()
         plan = self.schedule(fleet, specs, current=self._current(), quotas=self.quotas or None)
         self.metrics = {"utilization": plan.metrics.utilization, "fragmentation": plan.metrics.fragmentation}
         for name in plan.evicted:
@@ -575,14 +793,38 @@ class Controller:
             entry = self.workloads[res.name]
             entry.reasons = dict(res.reasons)
             entry.detail = dict(res.detail)
+            sw = self.switches.get(res.name)
+            rolling = sw is not None and sw.mode == ROLLING
             if res.placed:
                 entry.replicas = res.replicas
-                out.extend(self._apply(entry, res.replicas, now, lost_at))
+                # rolling: the replicas placed so far, on the indices they hold
+                indices = sorted({a.replica for a in self._mine(res.name, entry)}) if rolling else None
+                out.extend(self._apply(entry, res.replicas, now, lost_at, indices))
             elif res.name in plan.evicted or not self._serving(res.name):
                 entry.replicas = ()
                 out.extend(self._drop_assignments(res.name))
             # else: it serves but could not be planned now (e.g. its source is away): keep it running
+            if not res.placed and sw is not None and res.name not in plan.evicted:
+                self._switch_unplaced(entry, sw, entry.reasons, fleet, now)
         return out
+
+    def _plan_specs(self, full: str = "") -> list[Workload]:
+        """The specs to plan: a rolling switch asks for the replicas it placed so far (none: skipped).
+
+        ``full`` names a workload planned with its whole spec whatever its switch does.
+        """
+        specs = []
+        for name, e in self.workloads.items():
+            sw = self.switches.get(name)
+            if sw is not None and sw.mode == ROLLING and name != full:
+                n = len({a.replica for a in self._mine(name, e)})
+                if n == 0:
+                    continue  # its replicas are placed one at a time (``_roll``)
+                if n < e.spec.replicas:
+                    specs.append(replace(e.spec, replicas=n))
+                    continue
+            specs.append(e.spec)
+        return specs
 
     def _serving(self, name: str) -> bool:
         return bool(self.chains(name))
@@ -599,19 +841,20 @@ class Controller:
         return out
 
     def _apply(self, entry: WorkloadEntry, replicas: Sequence[ReplicaPlacement], now: float,
-               lost_at: float) -> list[Command]:
+               lost_at: float, indices: Sequence[int] | None = None) -> list[Command]:
+        """Make the assignments those of ``replicas`` (on replica ``indices``, default 0..n-1)."""
         name, version = entry.spec.name, entry.version
         out: list[Command] = []
         want: dict[PartKey, PartitionPlacement] = {}
         for r, rep in enumerate(replicas):
             for i, p in enumerate(rep.partitions):
-                want[(name, version, r, i)] = p
+                want[(name, version, indices[r] if indices else r, i)] = p
         changed = False
         for key in [k for k in self.assignments if k[0] == name and k not in want]:
-            a = self.assignments.pop(key)
+            gone = self.assignments.pop(key)
             changed = True
-            if a.phase is not Phase.LOST:
-                out.append(self._undeploy(a.device, key))
+            if gone.phase is not Phase.LOST:
+                out.append(self._undeploy(gone.device, key))
         for key, p in want.items():
             a = self.assignments.get(key)
             if a is not None and a.device == p.device and a.first == p.first and a.last == p.last:
@@ -663,3 +906,257 @@ class Controller:
                 entry.status = "degraded"
             else:
                 entry.status = "deploying"
+
+    # ------------------------------------------------------------ version switches
+
+    def _begin_switch(self, old: WorkloadEntry) -> list[Command]:
+        """``old`` is replaced by a new version: keep what serves, undeploy what cannot serve.
+
+        The version that serves on is the switch's old one if it still has a live replica (a
+        third version arriving before the second runs), else ``old``'s. Partitions of the
+        other version that served (rolling) retire with a drain; the rest goes at once.
+        """
+        name = old.spec.name
+        out: list[Command] = []
+        cur = sorted((a for k, a in self.assignments.items() if k[0] == name), key=lambda a: a.key)
+        for a in cur:
+            del self.assignments[a.key]
+            self._first_sent.pop(a.key, None)
+        nseg = len(old.spec.profile.segments) if old.spec.profile is not None else 0
+        sw = self.switches.get(name)
+        if sw is not None and self._live_old(sw):
+            served = {r for r, _ in self._chains_of(name, old, cur)} if sw.mode == ROLLING else set()
+            for a in cur:
+                if a.replica in served:
+                    sw.parts[a.key] = a
+                    sw.retire_at[a.key] = math.nan
+                else:
+                    out.extend(self._undeploy_old(sw, a, math.nan))
+        else:
+            if sw is None:
+                sw = Switch(old.version, nseg, old.spec)
+            else:  # what is left of the older version serves no more
+                for key in [k for k in sw.parts if k not in sw.retire_at]:
+                    out.extend(self._undeploy_old(sw, sw.parts.pop(key), math.nan))
+                sw.version, sw.segments, sw.spec = old.version, nseg, old.spec
+            live = {r for r, parts in _by_replica(cur).items() if _complete(parts, nseg)
+                    and all(a.phase in (Phase.RUNNING, Phase.UNCONFIRMED) for a in parts)}
+            for a in cur:
+                if a.replica in live:
+                    sw.parts[a.key] = a
+                else:
+                    out.extend(self._undeploy_old(sw, a, math.nan))
+        sw.specs[old.version] = old.spec
+        sw.mode, sw.since, sw.reason, sw.next_try = MAKE_BEFORE_BREAK, math.nan, "", -math.inf
+        if sw.parts or sw.gone:
+            self.switches[name] = sw
+            self.counters["switches"] += 1
+        else:
+            self.switches.pop(name, None)
+        out.append(Persist(name))
+        return out
+
+    def _adopt_switch(self, parts: Sequence[Assignment]) -> Switch:
+        """A switch rebuilt from stored old partitions (a restart): the version with the most
+        complete replicas serves (the newest on a tie); the other versions' retire."""
+        versions: dict[int, list[Assignment]] = {}
+        for a in parts:
+            versions.setdefault(a.key[1], []).append(a)
+        segs = {v: max(a.last for a in ps) + 1 for v, ps in versions.items()}
+        score = {v: sum(1 for rp in _by_replica(ps).values() if _complete(rp, segs[v])) for v, ps in versions.items()}
+        v = max(versions, key=lambda v: (score[v], v))
+        sw = Switch(v, segs[v], None)
+        for a in parts:
+            sw.parts[a.key] = a
+            if a.key[1] != v:
+                sw.retire_at[a.key] = math.nan
+        return sw
+
+    def _undeploy_old(self, sw: Switch, a: Assignment, now: float) -> list[Command]:
+        """Undeploy an old partition now (nothing if it is lost) and remember it until it is gone."""
+        if a.phase is Phase.LOST:
+            return []
+        sw.gone[a.key] = (a, now)
+        return [self._undeploy(a.device, a.key)]
+
+    def _live_old(self, sw: Switch) -> dict[int, list[Assignment]]:
+        """The switch's old replicas that serve or will once reported: complete, none lost, not retired."""
+        mine = [a for k, a in sw.parts.items() if k[1] == sw.version and k not in sw.retire_at]
+        return {r: parts for r, parts in _by_replica(mine).items() if _complete(parts, sw.segments)
+                and all(a.phase in (Phase.RUNNING, Phase.UNCONFIRMED) for a in parts)}
+
+    def _retire(self, sw: Switch, parts: Iterable[Assignment], now: float) -> None:
+        for a in parts:
+            sw.retire_at[a.key] = now + self.config.drain_s
+
+    def _advance_switches(self, fleet: Fleet, now: float) -> list[Command]:
+        """Each switch one step on: drop broken old replicas, cut over, roll, undeploy what drained."""
+        out: list[Command] = []
+        for name in list(self.switches):
+            sw = self.switches[name]
+            entry = self.workloads[name]
+            before = (len(sw.parts), len(sw.retire_at))
+            if math.isnan(sw.since):
+                sw.since = now
+            for k, t in sw.retire_at.items():
+                if math.isnan(t):
+                    sw.retire_at[k] = now + self.config.drain_s
+            for k, (a, t) in sw.gone.items():
+                if math.isnan(t):
+                    sw.gone[k] = (a, now)
+            # An old replica with a lost partition never serves again (old versions are not
+            # repaired): its other partitions go now. Retired partitions that were lost: forget.
+            for k in [k for k, a in sw.parts.items() if k in sw.retire_at and a.phase is Phase.LOST]:
+                del sw.parts[k], sw.retire_at[k]
+            live = self._live_old(sw)
+            for k in [k for k, a in sw.parts.items() if k not in sw.retire_at and a.replica not in live]:
+                out.extend(self._undeploy_old(sw, sw.parts.pop(k), now))
+            mine = self._mine(name, entry)
+            healthy = self._chains_of(name, entry, mine)
+            if len(healthy) >= entry.spec.replicas:
+                # Made: every replica of the new version runs. The old one breaks (drained).
+                for parts in live.values():
+                    self._retire(sw, parts, now)
+                sw.reason = ""
+            elif sw.mode == ROLLING and now >= sw.next_try:
+                out.extend(self._roll(sw, entry, mine, bool(healthy), live, fleet, now))
+            for k, t in list(sw.retire_at.items()):
+                if t <= now:  # drained: requests routed before it retired had their time
+                    del sw.retire_at[k]
+                    self.counters["retired"] += 1
+                    out.extend(self._undeploy_old(sw, sw.parts.pop(k), now))
+            placed = len({a.replica for a in mine})
+            if not sw.parts and not sw.gone and (sw.mode != ROLLING or placed >= entry.spec.replicas):
+                del self.switches[name]
+                entry.reasons.pop("switch", None)
+                out.append(Persist(name))
+                continue
+            if sw.reason:
+                entry.reasons["switch"] = sw.reason
+            else:
+                entry.reasons.pop("switch", None)
+            if (len(sw.parts), len(sw.retire_at)) != before:
+                out.append(Persist(name))
+        return out
+
+    def _switch_unplaced(self, entry: WorkloadEntry, sw: Switch, reasons: Mapping[str, str], fleet: Fleet,
+                         now: float) -> None:
+        """The new version did not fit next to the old one: roll if that can help, else say why not."""
+        if sw.mode != MAKE_BEFORE_BREAK or not self._live_old(sw):
+            return  # already falling back, or nothing old serves (nothing to protect: plain re-plans)
+        new, old = entry.version, sw.version
+        fits = self._fits_without_old(entry, sw, fleet)
+        if fits is False or (fits is None and not ({"fit", "anti-affinity"} & set(reasons))):
+            sw.reason = f"v{new} cannot be placed, not even without v{old}: v{old} keeps serving"
+            return
+        sw.mode, sw.next_try = ROLLING, -math.inf
+        sw.reason = f"v{new} does not fit next to v{old}: switching replica by replica"
+        if not sw.fell_back:
+            sw.fell_back = True
+            self.counters["switches_rolling"] += 1
+
+    def _roll(self, sw: Switch, entry: WorkloadEntry, mine: Sequence[Assignment], new_serves: bool,
+              live: Mapping[int, Sequence[Assignment]], fleet: Fleet, now: float) -> list[Command]:
+        """One rolling step: place a new replica, or retire an old one, never the last that serves."""
+        if any(a.phase is not Phase.RUNNING for a in mine) or sw.retire_at or sw.gone:
+            return []  # a step in progress: a new replica deploying, or old memory being freed
+        new, old, n = entry.version, sw.version, entry.spec.replicas
+        placed = {a.replica for a in mine}
+        # An index no old replica holds first; one an old replica holds is fine too (fewer new
+        # replicas than old ones): once the new chain runs, ``chains`` drops the old one of that index.
+        free = sorted((r for r in range(n) if r not in placed), key=lambda r: (r in live, r))
+        if free:
+            cmds = self._place_replica(entry, free[0], fleet, now)
+            if cmds:
+                sw.reason = f"v{new} does not fit next to v{old}: v{new} replica {free[0]} deploying"
+                return cmds
+        if len(live) >= 2 or (live and new_serves):
+            r = max(live)
+            self._retire(sw, live[r], now)
+            sw.reason = f"v{new} does not fit next to v{old}: v{old} replica {r} retired to make room"
+            return []
+        if live:
+            return self._break(sw, entry, live, fleet, now)
+        sw.reason = f"v{new} replica {free[0] if free else '?'} waits for room (v{old} is gone)"
+        sw.next_try = now + self.config.replan_interval_s
+        return []
+
+    def _break(self, sw: Switch, entry: WorkloadEntry, live: Mapping[int, Sequence[Assignment]], fleet: Fleet,
+               now: float) -> list[Command]:
+        """The last old replica and no room for a new one next to it: break before making, if that helps."""
+        new, old = entry.version, sw.version
+        wait = self.config.switch_break_after_s
+        sw.next_try = now + self.config.replan_interval_s
+        fits = self._fits_without_old(entry, sw, fleet)
+        if fits is not True or math.isinf(wait):
+            why = ("break-before-make is off" if math.isinf(wait) and fits else
+                   f"not even without v{old}" if fits is False else
+                   f"unknown whether it fits without v{old} (adopted after a restart)")
+            sw.reason = f"v{new} does not fit next to v{old} ({why}): v{old} keeps serving"
+            # Back to plain make-before-break: the re-plans of a pending workload try again, and
+            # room that appears (a device joins, another workload goes) is taken at once.
+            sw.mode = MAKE_BEFORE_BREAK
+            return []
+        if now - sw.since < wait:
+            sw.reason = (f"v{new} does not fit next to v{old}: break-before-make in "
+                         f"{sw.since + wait - now:.1f} s")
+            sw.next_try = min(sw.next_try, sw.since + wait)
+            return []
+        sw.mode = BREAK_BEFORE_MAKE
+        self.counters["switches_broken"] += 1
+        # No drain here: v1 serves up to its undeploy (this pass) and only the requests in flight
+        # then fail, where a drain would refuse every request of the drain on top.
+        for parts in live.values():
+            for a in parts:
+                sw.retire_at[a.key] = now
+        sw.reason = (f"break-before-make: v{new} does not fit next to v{old}, not even one replica; "
+                     f"v{old} is undeployed, requests are refused until v{new} runs")
+        return []
+
+    def _fits_without_old(self, entry: WorkloadEntry, sw: Switch, fleet: Fleet) -> bool | None:
+        """Whether the whole new version would be placed with the old version's memory free (None: unknown)."""
+        if sw.spec is None or sw.spec.profile is None:
+            return None
+        extra: dict[str, float] = {}
+        held = list(sw.parts.values()) + [a for a, _ in sw.gone.values()]
+        for a in held:  # every old version's memory (a third version: the second's draining too)
+            old = sw.specs.get(a.key[1])
+            if old is not None and old.profile is not None and a.phase is not Phase.LOST:
+                extra[a.device] = extra.get(a.device, 0.0) + old.profile.memory_of(a.first, a.last)
+        devices = tuple(replace(d, memory_bytes=d.memory_bytes + extra[d.id]) if d.id in extra else d
+                        for d in fleet.devices)
+        name = entry.spec.name
+        plan = self.schedule(Fleet(devices), self._plan_specs(full=name), current=self._current(),
+                             quotas=self.quotas or None)
+        return any(r.name == name and r.placed for r in plan.workloads)
+
+    def _place_replica(self, entry: WorkloadEntry, r: int, fleet: Fleet, now: float) -> list[Command]:
+        """Rolling: place replica ``r`` of the new version alone, beside its replicas placed so far."""
+        w = entry.spec
+        if w.profile is None or w.source not in fleet.index or w.sink not in fleet.index:
+            return []
+        domains = set()
+        if w.replicas > 1:
+            for a in self._mine(w.name, entry):
+                d = fleet.get(a.device)
+                if d is not None and a.replica != r and a.phase is not Phase.LOST:
+                    domains.add(d.power_domain)
+        used = self._used(fleet)
+        devices = []
+        for d in fleet.devices:
+            u = used.get(d.id, 0.0)
+            banned = d.power_domain in domains
+            if u == 0.0 and not banned:
+                devices.append(d)
+                continue
+            devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - u), alive=d.alive and not banned))
+        plan = self.schedule(Fleet(tuple(devices)), [replace(w, name=f"{w.name}#replica-{r}", replicas=1)],
+                             current=None, quotas=None)
+        res = plan.workloads[0]
+        if not res.placed:
+            return []
+        for i, p in enumerate(res.replicas[0].partitions):
+            key = (w.name, entry.version, r, i)
+            self.assignments[key] = Assignment(key, p.device, p.first, p.last, next_try=now)
+            self._first_sent.pop(key, None)
+        return [Persist(w.name)]

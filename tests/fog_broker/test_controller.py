@@ -229,15 +229,23 @@ def test_quota_keeps_a_workload_pending_with_a_reason() -> None:
     assert "quota" in c.workloads["w"].reasons
 
 
-def test_new_version_replaces_old_partitions() -> None:
-    c = Controller(schedule)
+def test_new_version_is_made_before_the_old_one_breaks() -> None:
+    """Scenarios (rolling, break-before-make, faults, restarts) are in test_controller_switch.py."""
+    c = Controller(schedule, ControllerConfig(drain_s=1.0))
     f = fleet(SRC, dev("a"))
     c.set_workload(workload(), 1)
     ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
     cmds = c.set_workload(workload(), 2)
-    assert {(u.workload, u.version) for u in undeploys(cmds)} == {("w", 1)}
+    assert undeploys(cmds) == []  # v1 serves on
     ds = deploys(c.reconcile(f, {}, 0.5))
-    assert {d.version for d in ds} == {2}
+    assert ds and {d.version for d in ds} == {2}
+    assert {h.version for _, chain in c.chains("w") for h in chain} == {1}
+    ack_all(c, ds, 0.6)
+    assert undeploys(c.reconcile(f, {}, 0.7)) == []  # v2 serves, v1 drains
+    assert {h.version for _, chain in c.chains("w") for h in chain} == {2}
+    assert {u.version for u in undeploys(c.reconcile(f, {}, 1.7))} == {1}
+    c.reconcile(f, {}, 1.8)
+    assert c.switches == {}
 
 
 def test_reported_running_confirms_a_deploy_whose_ack_was_lost() -> None:
