@@ -4,8 +4,9 @@
 bounded rounds, signed quorum-replicated checkpoints with resume, releases of
 the trained model to the fog) and ``Release`` (the export hook) are the public
 API for Flower Apps. Pure cores live in ``cloud_coordinator.aggregation``
-(rules, pre-aggregators, the stateful ``Aggregator``) and
-``cloud_coordinator.attacks``. Importing this package imports neither Flower
+(rules, pre-aggregators, the stateful ``Aggregator``),
+``cloud_coordinator.attacks`` and ``cloud_coordinator.rollout`` (staged
+release rollouts across sites, driven by ``siteservice``: docs/sites.md). Importing this package imports neither Flower
 nor numpy: the strategy loads on first use.
 """
 from __future__ import annotations

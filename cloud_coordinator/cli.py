@@ -46,12 +46,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--superlink", default="127.0.0.1:9093",
                    help="SuperLink HOST:PORT; started here unless one already listens there")
-    p.add_argument("--insecure", action="store_true", help="plain MQTT to --mqtt (a loopback address only)")
+    p.add_argument("--insecure", action="store_true", help="plain MQTT to the sites (loopback addresses only)")
     p.add_argument("--no-supernode-auth", action="store_true",
                    help="SuperLink without TLS and SuperNode authentication (a loopback address only)")
-    p.add_argument("--mqtt", default="", help="the site's fog broker HOST:PORT (summaries in, releases out)")
+    p.add_argument("--mqtt", default="", help="one site's fog broker HOST:PORT (summaries in, releases out); "
+                                               "--site/--sites for several")
     p.add_argument("--credentials", type=Path, default=None,
                    help="coordinator credentials issued by the fog (fogline operators add NAME --role coordinator)")
+    p.add_argument("--rollout-wait", type=float, default=300.0,
+                   help="after the last round, wait this long for staged rollouts to finish (they resume at the "
+                        "next start, or with fogline sites resume)")
     p.add_argument("--release", dest="release_name", default="", help="release name (default: [tool.fogline])")
     p.add_argument("--workload", dest="release_name", help=argparse.SUPPRESS)
     p.add_argument("--release-every", type=int, default=0, help="release every K rounds (0: the app's setting)")
@@ -59,7 +63,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--battery-floor", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
-    p.add_argument("--site", default="", help=argparse.SUPPRESS)  # the credentials name the site now
+    from .sites_cli import add_site_options
+
+    add_site_options(p, with_insecure=False)
     g = p.add_argument_group("digits app (examples/digits)")
     g.add_argument("--model", choices=("softmax", "mlp"), default=None)
     g.add_argument("--num-partitions", type=int, default=None)
@@ -67,6 +73,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--local-epochs", type=int, default=None)
     g.add_argument("--lr", type=float, default=None)
     p.set_defaults(func=coordinator)
+
+    from . import sites_cli
+
+    sites_cli.register(subparsers)
 
     s = subparsers.add_parser("supernodes", help="SuperNode keys the coordinator authenticates",
                               description="Flower SuperNode authentication: make a device key, authorize it.")
@@ -136,7 +146,8 @@ def coordinator(args: argparse.Namespace) -> int:
     from .launcher import RunStopped, Supervisor, SupervisorOptions, require_loopback_superlink
     from .policy import CheckpointPolicy
     from .release import ReleaseError, resolve_export
-    from .settings import RELEASES_DIR, SUMMARIES_DIR, Settings
+    from .settings import RELEASES_DIR, Settings
+    from .sites import summaries_dir_of
 
     if ":" not in args.superlink:
         return _error("--superlink must be HOST:PORT")
@@ -155,12 +166,25 @@ def coordinator(args: argparse.Namespace) -> int:
             require_loopback_superlink(host)
         work = dirs[0]
         work.mkdir(parents=True, exist_ok=True)
+        many = bool(args.site_args or args.sites_file)
+        if many and (args.mqtt or args.credentials is not None):
+            return _error("--site/--sites name each site's credentials: leave out --mqtt and --credentials")
         creds = None
         if args.credentials is not None or args.mqtt:
             from runtime.credentials import load_credentials
 
             creds = load_credentials(args.credentials)
-        if creds is not None:
+            if args.mqtt and creds.role != "coordinator":
+                return _error(f"{creds.dir} holds {creds.role!r} credentials ({creds.name}); a coordinator needs "
+                              "its own: fogline operators add NAME --role coordinator --data-dir FOGDIR")
+        if not (many or args.mqtt) and (args.canary or args.rollout_set or args.holdout):
+            return _error("--canary, --rollout-set and --holdout need sites: --site/--sites, or --mqtt")
+        table = None
+        if many or args.mqtt:
+            from .sites_cli import site_table
+
+            table = site_table(args, work, legacy=creds if args.mqtt else None, insecure=args.insecure)
+        if creds is not None:  # one site, as before: checkpoints and releases signed with its credentials
             signing_path, signer = creds.dir / "signing.key", creds.name
         else:
             signing_path, signer = work / "coordinator.key", "coordinator"
@@ -180,40 +204,40 @@ def coordinator(args: argparse.Namespace) -> int:
             release_name=args.release_name or spec.release or spec.name,
             release_every=args.release_every or spec.every, input_shape=spec.input_shape,
             supernodes="" if args.no_supernode_auth else str(work / "supernodes.json"),
-            summaries_dir=str(work / SUMMARIES_DIR) if creds is not None and args.mqtt else "",
-            fog_keys={creds.fog.fog_id: creds.fog.public_key.hex()} if creds is not None and args.mqtt else {},
-            fog_sites={creds.fog.fog_id: creds.fog.site} if creds is not None and args.mqtt else {},
+            sites={s.name: {"summaries_dir": str(summaries_dir_of(work, s.name)), "fog_id": s.creds.fog.fog_id,
+                            "fog_key": s.creds.fog.public_key.hex(), "fog_site": s.creds.fog.site}
+                   for s in table.sites} if table is not None else {},
             battery_floor=args.battery_floor)
         if not args.no_supernode_auth and not (work / "supernodes.json").exists():
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
         staged = stage(spec, work / STAGED_DIR, overrides)
         settings_path = settings.save()
-        link = None
-        if args.mqtt:
-            from .foglink import FogLink
+        service = None
+        if table is not None:
+            from .siteservice import SiteService
 
-            assert creds is not None
-            link = FogLink.connect(args.mqtt, creds, work, insecure=args.insecure)
-            link.start()
+            service = SiteService(work, table, Identity.load(signer, signing_path), insecure=args.insecure).start()
         sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.no_supernode_auth,
-                                           args.max_restarts, args.timeout),
-                         on_tick=link.publish_pending if link is not None else None)
+                                           args.max_restarts, args.timeout))
+        rolled: list[dict[str, Any]] = []
         try:
             doc = sup.run()
-            if link is not None:
-                link.publish_pending()
+            if service is not None and not service.drain(args.rollout_wait):
+                log.warning("rollouts still running after --rollout-wait %g s; they resume at the next start "
+                            "(or: fogline sites resume --checkpoint-dir %s)", args.rollout_wait, work)
         finally:
-            if link is not None:
-                link.stop()
+            if service is not None:
+                service.stop()
+                rolled = service.outcomes()
     except RunStopped as exc:
         return _error(str(exc))
     except (FoglineError, ReleaseError, ValueError) as exc:
         return _error(str(exc))
-    _print_report(doc, work / RELEASES_DIR, settings)
+    _print_report(doc, work / RELEASES_DIR, settings, rolled)
     return 0
 
 
-def _print_report(doc: dict[str, Any], releases: Path, s: Any) -> None:
+def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict[str, Any]] | None = None) -> None:
     hist = doc.get("history", [])
     print(f"fogline coordinator: {doc.get('rounds_done')}/{doc.get('rounds')} rounds, resumed after round "
           f"{doc.get('resumed_from')}, config {doc.get('config_hash')}")
@@ -228,6 +252,11 @@ def _print_report(doc: dict[str, Any], releases: Path, s: Any) -> None:
             print(f"  release after round {rel['round']} failed: {rel['error']}")
         else:
             print(f"  released {s.release_name} v{rel['version']} sha256 {rel['sha256'][:12]}")
+    if rolled:
+        from .sites_cli import rollout_line
+
+        for r in rolled:
+            print(f"  {rollout_line(r)}")
     print(f"checkpoints in {', '.join(s.checkpoint_dirs)}; report {Path(s.work_dir) / 'report.json'}")
 
 

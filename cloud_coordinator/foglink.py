@@ -1,6 +1,8 @@
-"""The coordinator's one MQTT connection to its site's fog broker: summaries in, releases out.
+"""A plain MQTT link to one fog broker: summaries in, releases out (no control requests, no rollout).
 
-Thin shell over ``summaries`` and ``release``. It connects as the
+``fogline coordinator`` now serves sites through ``siteservice`` (one
+``sitelink`` per site, staged rollouts); this link stays for programs and
+tests that only need the two topics. Thin shell over ``summaries`` and ``release``. It connects as the
 coordinator's credential (client id = certificate CN = ``creds.name``, TLS),
 or in plain MQTT with ``--insecure`` on a loopback address only. Verified
 summaries go to files the ServerApp reads; signed releases the ServerApp
@@ -19,11 +21,10 @@ from typing import Any
 from runtime.credentials import Credentials, FogInfo
 from runtime.mqtt import Inbound, MqttClient, parse_hostport
 from runtime.net import require_loopback
-from runtime.security import TrustStore, Verifier
 from runtime.topics import Topics
 
 from .release import ReleaseError, read_release
-from .summaries import MAX_SUMMARY_BYTES, open_summary, store_summary
+from .summaries import MAX_SUMMARY_BYTES, SummaryInbox
 
 __all__ = ["FogLink", "PUBLISHED_FILE"]
 
@@ -40,9 +41,7 @@ class FogLink:
         self.topics = Topics(fog.site)
         self.summaries_dir = summaries_dir
         self.releases_dir = releases_dir
-        self.verifier = Verifier(TrustStore({fog.fog_id: fog.public_key}), max_size=MAX_SUMMARY_BYTES)
-        self.accepted = 0
-        self.refused: Counter[str] = Counter()
+        self.inbox = SummaryInbox(fog, summaries_dir)
         self.published: dict[str, dict[str, Any]] = self._load_published()
 
     @classmethod
@@ -60,18 +59,16 @@ class FogLink:
         except (OSError, ValueError, TypeError):
             return {}
 
+    @property
+    def accepted(self) -> int:
+        return self.inbox.accepted
+
+    @property
+    def refused(self) -> Counter[str]:
+        return self.inbox.refused
+
     def _on_summary(self, inbound: Inbound) -> None:  # the MQTT adapter's worker thread
-        got = open_summary(inbound.payload, self.fog.fog_id, self.fog.public_key, self.fog.site, self.verifier)
-        if isinstance(got, str):
-            self.refused[got] += 1
-            log.warning("refused a fleet summary on %s: %s", inbound.topic, got)
-            return
-        env, summary = got
-        why = store_summary(self.summaries_dir, env, summary)
-        if why:
-            self.refused[why] += 1
-            return
-        self.accepted += 1
+        self.inbox.on_summary(inbound)
 
     def start(self, wait_s: float = 15.0) -> None:
         self.summaries_dir.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,9 @@ class Settings:
     summaries_dir: str = ""
     fog_keys: dict[str, str] = field(default_factory=dict)  # fog id -> Ed25519 public key (hex)
     fog_sites: dict[str, str] = field(default_factory=dict)  # fog id -> its site
+    # coordinator site name -> {"summaries_dir", "fog_id", "fog_key" (hex), "fog_site"}: each site's
+    # summaries in their own directory, verified under that site's pinned fog key
+    sites: dict[str, dict[str, str]] = field(default_factory=dict)
     battery_floor: float = 0.3
 
     def __post_init__(self) -> None:

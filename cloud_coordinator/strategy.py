@@ -31,8 +31,8 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,18 +41,45 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from runtime.errors import FoglineError, LocalViolation
+from runtime.messages import FleetSummary
 from runtime.security import Identity
 
 from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule
-from .layout import (CLIENT_ERROR, DUPLICATE_REPLY, MALFORMED, MAX_EXAMPLES, NO_ARRAYS, UNEXPECTED_REPLY,
-                     Layout, check_arrays, check_count, stack_rows)
+from .layout import (
+    CLIENT_ERROR,
+    DUPLICATE_REPLY,
+    MALFORMED,
+    MAX_EXAMPLES,
+    NO_ARRAYS,
+    UNEXPECTED_REPLY,
+    Layout,
+    check_arrays,
+    check_count,
+    stack_rows,
+)
 from .policy import CheckpointPolicy, rounds_between_checkpoints, should_checkpoint
-from .release import Release, ReleaseError, build_release, check_onnx, export_onnx, version_for, write_release
+from .release import (
+    Release,
+    ReleaseError,
+    build_release,
+    check_onnx,
+    export_onnx,
+    version_for,
+    write_release,
+)
 from .rounds import Wait, wait_decision
 from .selection import SelectionPolicy, explain, select_clients
 from .settings import FATAL_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
@@ -152,7 +179,7 @@ class RobustStrategy(Strategy):
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
         self.work_dir = Path(work_dir) if work_dir else None
         self.settings: Settings | None = None
-        self._selection: tuple[Path, dict[str, bytes], dict[str, str], SelectionPolicy] | None = None
+        self._selection: tuple[Callable[[], list[FleetSummary]], SelectionPolicy] | None = None
         self._aggregator = self._build_aggregator()  # bad rule names and options fail here, at once
         self._layout: Layout | None = None
         self._base: np.ndarray | None = None
@@ -200,9 +227,18 @@ class RobustStrategy(Strategy):
                                    s.release_every or self.release.every, self.release.input_shape)
         if s.supernodes:
             self.node_devices = KeyBook(s.supernodes).by_key_id()
-        if s.summaries_dir and s.fog_keys:
-            self._selection = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
-                               dict(s.fog_sites), SelectionPolicy(battery_floor=s.battery_floor))
+        if s.sites:
+            from .summaries import SiteKey, read_site_summaries
+
+            keys = {name: SiteKey.from_json(d) for name, d in s.sites.items()}
+            self._selection = (lambda: read_site_summaries(keys), SelectionPolicy(battery_floor=s.battery_floor))
+        elif s.summaries_dir and s.fog_keys:
+            from .summaries import read_summaries
+
+            folder, fogs, sites = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
+                                   dict(s.fog_sites))
+            self._selection = (lambda: read_summaries(folder, fogs, sites),
+                               SelectionPolicy(battery_floor=s.battery_floor))
         self._aggregator = self._build_aggregator()
 
     def summary(self) -> None:
@@ -236,10 +272,8 @@ class RobustStrategy(Strategy):
         """Energy-aware selection from verified fleet summaries (everyone when there are none)."""
         if self._selection is None:
             return devices, {}
-        from .summaries import read_summaries
-
-        folder, keys, sites, policy = self._selection
-        fleet = read_summaries(folder, keys, sites)
+        read_fleet, policy = self._selection
+        fleet = read_fleet()
         if not fleet:
             return devices, {}
         sel = select_clients(fleet, time.time(), policy, np.random.default_rng([self.seed, server_round]))
@@ -324,7 +358,7 @@ class RobustStrategy(Strategy):
             n_replies += 1
             try:
                 got = self._read_reply(msg, layout, seen)
-            except Exception as exc:  # noqa: BLE001 - a peer's reply must never end the round loop
+            except Exception as exc:
                 log.warning("reply from node %s: %s: %s", getattr(msg.metadata, "src_node_id", "?"),
                             type(exc).__name__, exc)
                 got = MALFORMED
@@ -366,7 +400,7 @@ class RobustStrategy(Strategy):
         try:
             extra = (dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key))
                      if self.train_metrics_aggr_fn else _median_metrics(contents, self.weighted_by_key))
-        except Exception as exc:  # noqa: BLE001 - user metric code must not lose the round
+        except Exception as exc:
             log.warning("train metrics aggregation failed: %s", exc)
             extra = {}
         return arrays, MetricRecord({**extra, **metrics})
@@ -406,14 +440,14 @@ class RobustStrategy(Strategy):
                     bad += 1
                     continue
                 ok.append(msg.content)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 bad += 1
         if not ok:
             return None
         try:
             out = (dict(self.evaluate_metrics_aggr_fn(ok, self.weighted_by_key))
                    if self.evaluate_metrics_aggr_fn else _median_metrics(ok, self.weighted_by_key))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("evaluate metrics aggregation failed: %s", exc)
             out = {}
         return MetricRecord({**out, "replies": len(ok), "rejected": bad})
@@ -497,7 +531,7 @@ class RobustStrategy(Strategy):
         """Apply the supervisor's settings (if any) and lock the work directory against a stale run."""
         try:
             s = settings_for(getattr(grid.run, "override_config", None))
-        except Exception as exc:  # noqa: BLE001 - a grid without a run (tests) has no settings
+        except Exception as exc:
             if isinstance(exc, LocalViolation):
                 raise
             s = None

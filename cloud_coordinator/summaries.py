@@ -15,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime import codec
 from runtime.errors import DecodeError, SecurityError
@@ -25,7 +28,8 @@ from runtime.security import TrustStore, Verifier
 
 from .store import atomic_write
 
-__all__ = ["open_summary", "summary_path", "read_summaries", "store_summary", "valid_fog_id",
+__all__ = ["open_summary", "summary_path", "read_summaries", "store_summary", "valid_fog_id", "SummaryInbox",
+           "SiteKey", "read_site_summaries", "latest_summary",
            "WRONG_SENDER", "WRONG_FOG", "WRONG_SITE", "NOT_A_SUMMARY", "BAD_FOG_ID", "OLDER"]
 
 log = logging.getLogger(__name__)
@@ -101,4 +105,64 @@ def read_summaries(out_dir: Path, fog_keys: Mapping[str, bytes], sites: Mapping[
             log.warning("ignoring stored summary of %s: %s", fog_id, got)
             continue
         out.append(got[1])
+    return out
+
+
+class SummaryInbox:
+    """One fog's summaries: verified against its pinned key, then stored in this site's own directory.
+
+    ``on_summary`` runs on an MQTT worker thread; ``accepted`` and ``refused`` count what it did.
+    A summary sealed by any other key (another site's fog included) is refused, whatever it says.
+    """
+
+    def __init__(self, fog: Any, out_dir: Path) -> None:  # fog: runtime.credentials.FogInfo
+        self.fog = fog
+        self.out_dir = out_dir
+        self.verifier = Verifier(TrustStore({fog.fog_id: fog.public_key}), max_size=MAX_SUMMARY_BYTES)
+        self.accepted = 0
+        self.refused: Counter[str] = Counter()
+        self.last_refusal = ""
+
+    def on_summary(self, inbound: Any) -> None:
+        got = open_summary(inbound.payload, self.fog.fog_id, self.fog.public_key, self.fog.site, self.verifier)
+        if isinstance(got, str):
+            self.refused[got] += 1
+            self.last_refusal = got
+            log.warning("refused a fleet summary on %s: %s", inbound.topic, got)
+            return
+        env, summary = got
+        why = store_summary(self.out_dir, env, summary)
+        if why:
+            self.refused[why] += 1
+            return
+        self.accepted += 1
+
+
+@dataclass(frozen=True, slots=True)
+class SiteKey:
+    """Where one site's summaries are and the fog key (and names) they must verify under."""
+
+    summaries_dir: str
+    fog_id: str
+    fog_key: str   # hex
+    fog_site: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SiteKey":
+        return cls(str(d["summaries_dir"]), str(d["fog_id"]), str(d["fog_key"]), str(d["fog_site"]))
+
+
+def latest_summary(key: SiteKey) -> FleetSummary | None:
+    """The site's stored summary if it verifies under the site's own pinned key."""
+    got = read_summaries(Path(key.summaries_dir), {key.fog_id: bytes.fromhex(key.fog_key)}, {key.fog_id: key.fog_site})
+    return got[0] if got else None
+
+
+def read_site_summaries(sites: Mapping[str, SiteKey]) -> list[FleetSummary]:
+    """Every site's verified summary (the ServerApp's view of many sites): each checked with its own key."""
+    out = []
+    for name in sorted(sites):
+        s = latest_summary(sites[name])
+        if s is not None:
+            out.append(s)
     return out

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from runtime.topics import Topics
 from .artifacts import MODEL_SCHEMES
 from .control import refusal_id
 
-__all__ = ["FogClient", "InferenceError", "ControlError", "load_workloads_file"]
+__all__ = ["FogClient", "InferenceError", "ControlError", "KeyMismatch", "load_workloads_file"]
 
 
 class InferenceError(FoglineError):
@@ -41,6 +41,10 @@ class InferenceError(FoglineError):
 
 class ControlError(FoglineError):
     pass
+
+
+class KeyMismatch(LocalViolation):
+    """The fog answers, but not under the key pinned in the credentials (another site's, or re-keyed)."""
 
 
 def load_workloads_file(path: str | Path) -> dict[str, Any]:
@@ -85,7 +89,7 @@ class FogClient:
 
     def __init__(self, host: str | None = None, port: int | None = None, *,
                  credentials: Credentials | str | Path | None = None, insecure: bool = False,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, hello_timeout: float | None = None) -> None:
         self.creds = credentials if isinstance(credentials, Credentials) else load_credentials(credentials)
         fog = self.creds.fog
         if host is None or port is None:
@@ -116,7 +120,7 @@ class FogClient:
         self._mqtt.start()
         try:
             self._mqtt.wait_connected(connect_timeout, strict=True)
-            self.hello = self._hello(max(connect_timeout, 10.0))
+            self.hello = self._hello(hello_timeout if hello_timeout is not None else max(connect_timeout, 10.0))
         except LocalViolation:
             self._mqtt.stop()
             raise
@@ -197,10 +201,26 @@ class FogClient:
                 return self.control("hello", timeout=min(0.5, max(0.05, deadline - time.monotonic())))  # type: ignore[no-any-return]
             except TimeoutError:
                 if time.monotonic() >= deadline:
-                    raise LocalViolation(f"no answer from fog {self.creds.fog.fog_id} as {self.client_id} within "
+                    fog = self.creds.fog
+                    if self.rejected:
+                        raise KeyMismatch(f"{self.rejected} answer(s) on {self.site}'s topics are not sealed by the "
+                                          f"fog key pinned in {self.creds.dir}/fog.json ({fog.fog_id} "
+                                          f"{fog.public_key.hex()[:16]}...): credentials of another site, or a "
+                                          "re-keyed fog") from None
+                    raise LocalViolation(f"no answer from fog {fog.fog_id} as {self.client_id} within "
                                          f"{timeout:g} s (is it running? was this identity revoked?)") from None
             except ControlError as exc:
                 raise LocalViolation(f"fog {self.creds.fog.fog_id} refused {self.client_id}: {exc}") from None
+
+    # ------------------------------------------------------------ other topics (coordinators)
+
+    def watch(self, topic: str, handler: Callable[[Inbound], None], max_bytes: int) -> None:
+        """Subscribe this connection to another topic its identity may read (e.g. the fog's summary)."""
+        self._mqtt.subscribe(topic, handler, max_bytes=max_bytes)
+
+    def send(self, topic: str, payload: bytes, timeout: float) -> bool:
+        """Publish at QoS 1, never retained; True once the broker acknowledged it (e.g. a release)."""
+        return self._mqtt.publish(topic, payload, qos=1, retain=False).wait(timeout)
 
     # ------------------------------------------------------------ control
 

@@ -217,7 +217,10 @@ class ControlPlane:
         qs = {str(t): Quota.from_dict(q, f"quotas.{t}") for t, q in quotas.items()}
         out = []
         for d, w in parsed:
-            version = svc.store.put_workload(d, w.profile.to_dict() if w.profile else None, time.time())
+            old = svc.controller.workloads.get(w.name)
+            # release:NAME resolving to other bytes is a new version even when the spec text is the same
+            version = svc.store.put_workload(d, w.profile.to_dict() if w.profile else None, time.time(),
+                                             new_model=old is not None and old.spec.model != w.model)
             svc.execute(svc.controller.set_workload(w, version))
             out.append({"name": w.name, "version": version,
                         "segments": len(w.profile.segments) if w.profile else 0})

@@ -38,7 +38,7 @@ def _device_row(svc: "FogService", did: str, now: float) -> dict[str, Any]:
     }
 
 
-def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
+def _workload_row(svc: "FogService", name: str, follows: str | None) -> dict[str, Any]:
     c = svc.controller
     e = c.workloads[name]
     reps: dict[int, list[dict[str, Any]]] = {}
@@ -52,6 +52,7 @@ def _workload_row(svc: "FogService", name: str) -> dict[str, Any]:
     return {
         "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
         "priority": e.spec.priority, "replicas": e.spec.replicas,
+        "follows": follows if follows and follows.startswith("release:") else None,
         "healthy_replicas": c.healthy_replicas(name), "model": e.spec.model,
         "switch": c.switch_view(name),  # a version change in progress: what serves, what drains
         "segments": len(e.spec.profile.segments) if e.spec.profile else None,
@@ -75,6 +76,9 @@ def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | 
     counts = svc.registry.counts()
     c = svc.controller
     pending = {d.device_id: d.state for d in svc.site.db.devices() if d.state != "approved"}
+    # what each workload names as its model (``release:NAME``, ``zoo:NAME``, ``file:SHA``): the spec
+    # resolves a release to the bytes it runs; this says which release it follows
+    stored = {sw.name: str(sw.spec.get("model")) for sw in svc.store.workloads()}
     counters: Counter[str] = Counter(svc.counters)
     counters.update(svc.ingest.counts())
     counters.update({f"control.{k}": v for k, v in svc.control.counters.items()})
@@ -91,7 +95,7 @@ def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | 
         "devices_total": len(ids), "devices_offset": offset,
         "enrolment": {"pending": sorted(d for d, s in pending.items() if s == "pending"),
                       "revoked": sorted(d for d, s in pending.items() if s == "revoked")},
-        "workloads": [_workload_row(svc, n) for n in sorted(c.workloads)],
+        "workloads": [_workload_row(svc, n, stored.get(n)) for n in sorted(c.workloads)],
         "metrics": {**{k: round(v, 4) for k, v in c.metrics.items()},
                     "devices_live": counts["live"], "devices_suspect": counts["suspect"],
                     "devices_dead": counts["dead"]},

@@ -92,13 +92,15 @@ class Store:
 
     # ------------------------------------------------------------ workloads
 
-    def put_workload(self, spec: dict[str, Any], profile: dict[str, Any] | None, now: float) -> int:
-        """Store a workload spec; a changed spec gets the next version, an identical one keeps its own."""
+    def put_workload(self, spec: dict[str, Any], profile: dict[str, Any] | None, now: float, *,
+                     new_model: bool = False) -> int:
+        """Store a workload spec; a changed spec gets the next version, an identical one keeps its own
+        unless ``new_model``: the same text resolving to other model bytes (``release:NAME``)."""
         name = spec["name"]
         text = json.dumps(spec, sort_keys=True)
         ptext = json.dumps(profile, sort_keys=True) if profile is not None else None
         row = self._db.execute("SELECT version, spec, profile FROM workloads WHERE name=?", (name,)).fetchone()
-        if row is not None and row[1] == text and row[2] == ptext:
+        if row is not None and row[1] == text and row[2] == ptext and not new_model:
             return int(row[0])
         version = int(row[0]) + 1 if row is not None else 1
         self._db.execute("INSERT OR REPLACE INTO workloads(name, version, spec, profile, updated) "

@@ -1,0 +1,862 @@
+"""Staged release rollout across sites (pure): canary first, checked, then the others in order.
+
+A release (name, version, sha256) goes through these steps, one rollout at a
+time (a newer queued release of the same name supersedes an older one that
+has not started):
+
+============  ==================================================================  =========================
+step          waits for                                                           then
+============  ==================================================================  =========================
+``baseline``  a status of the canary (what it runs now: the release's previous   ``canary`` (publish there)
+              model and the workloads that follow it)
+``canary``    the canary's status to list the new version (``releases``)           ``switch``
+``switch``    every workload that ran the previous model to run the new one       ``probe``
+              (model, a new workload version, all replicas healthy, no device
+              still reporting the old version)
+``probe``     the adapter's held-out batch through the canary: every request      ``rolling``
+              answered, outputs equal to the coordinator's own run, p50 latency
+              within ``latency_factor`` x predicted + ``latency_slack_s``
+``rolling``   each other site in order to list the new version (bounded wait      ``done``
+              per site; a site that does not confirm is recorded and skipped)
+``rollback``  the canary to list the previous model published as a new version   ``rolled back``
+============  ==================================================================  =========================
+
+Any failed or timed-out canary check goes to ``rollback``. Fogs accept only
+increasing versions of a name, so a rollback republishes the previous
+model's bytes under a new, higher version (the adapter writes that file:
+``Restore`` -> ``Restored``). A rollout stops as ``failed`` (nothing rolled
+back) when the canary refused the release, never answered before it was
+published, or there is no earlier release to go back to.
+
+Time is a parameter (``now``, monotonic seconds); every wait is bounded by
+``RolloutPolicy``. The book round-trips through JSON, and ``resume(now)``
+restarts the current step's wait after a coordinator restart.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import LocalViolation
+
+__all__ = [
+    "Step", "TERMINAL", "RolloutPolicy", "WorkloadView", "SiteView", "site_view", "ProbeSample", "compare_outputs",
+    "judge_probe", "NewRelease", "Seen", "Lost", "ProbeDone", "Restored", "RestoreFailed", "Publish", "Probe",
+    "Restore", "Note", "SiteStep", "Rollout", "RolloutBook", "model_ref", "ROLLBACK_KEY", "RESTORES_KEY",
+]
+
+ROLLBACK_KEY = "rollback-of"   # release metadata of a rollback: the version it undoes
+RESTORES_KEY = "restores"      # ... and the version whose bytes it carries
+_KEEP_FINISHED = 100           # finished rollouts kept in the book (the newest)
+
+
+class Step(Enum):
+    QUEUED = "queued"
+    BASELINE = "baseline"
+    CANARY = "canary"
+    SWITCH = "switch"
+    PROBE = "probe"
+    ROLLING = "rolling"
+    ROLLBACK = "rollback"
+    DONE = "done"
+    ROLLED_BACK = "rolled back"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+
+
+TERMINAL = frozenset({Step.DONE, Step.ROLLED_BACK, Step.FAILED, Step.SUPERSEDED})
+
+
+def model_ref(sha256: str) -> str:
+    """How a fog names the stored bytes of a release (``releases[NAME].model``, a workload's ``model``)."""
+    return f"file:{sha256}"
+
+
+# ------------------------------------------------------------------ policy
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPolicy:
+    """Bounded waits and the canary's pass marks."""
+
+    baseline_timeout_s: float = 30.0   # the canary's first status before anything is published
+    accept_timeout_s: float = 30.0     # the canary lists the new version
+    serve_timeout_s: float = 120.0     # its workloads run the new version
+    probe_timeout_s: float = 60.0      # the held-out batch is answered
+    site_timeout_s: float = 30.0       # each other site lists the new version
+    rollback_timeout_s: float = 60.0   # the canary lists the rollback version
+    publish_retry_s: float = 10.0      # republish (not retained: a fog that was away missed it)
+    latency_factor: float = 3.0        # p50 may be this many times the plan's prediction ...
+    latency_slack_s: float = 0.05      # ... plus this (the MQTT hops a cost model leaves out)
+    rtol: float = 1e-4                 # outputs against the coordinator's own onnxruntime run (fp32)
+    atol: float = 1e-5
+    require_serving: bool = False      # a canary that serves no workload of the release fails the check
+    probe_requests: int = 8            # held-out requests per workload (adapter)
+    holdout: str = ""                  # .npz of held-out inputs (adapter; default: seeded random inputs)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.endswith("_s") and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise LocalViolation(f"rollout setting {f.name} must be a number of seconds >= 0, not {v!r}")
+        if not self.latency_factor >= 1.0:
+            raise LocalViolation(f"rollout setting latency_factor must be >= 1, not {self.latency_factor!r}")
+        if not (self.rtol >= 0 and self.atol >= 0):
+            raise LocalViolation("rollout settings rtol and atol must be >= 0")
+        if self.probe_requests < 1:
+            raise LocalViolation("rollout setting probe_requests must be >= 1")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], base: "RolloutPolicy | None" = None) -> "RolloutPolicy":
+        """``base`` (default settings) with the keys of ``d``; one-line ``LocalViolation`` on a bad key or value."""
+        known = {f.name: f for f in fields(cls)}
+        kw: dict[str, Any] = {f: getattr(base or cls(), f) for f in known}
+        for key, raw in d.items():
+            k = str(key).replace("-", "_")
+            if k not in known:
+                raise LocalViolation(f"unknown rollout setting {key!r} (known: {', '.join(sorted(known))})")
+            cur = kw[k]
+            try:
+                if isinstance(cur, bool):
+                    v: Any = raw if isinstance(raw, bool) else {"true": True, "false": False}[str(raw).lower()]
+                elif isinstance(cur, int):
+                    v = int(raw)
+                elif isinstance(cur, float):
+                    v = float(raw)
+                else:
+                    v = str(raw)
+            except (KeyError, TypeError, ValueError):
+                raise LocalViolation(f"rollout setting {key}: {raw!r} is not a {type(cur).__name__}") from None
+            kw[k] = v
+        return cls(**kw)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[str], base: "RolloutPolicy | None" = None) -> "RolloutPolicy":
+        """From ``key=value`` strings (``--rollout-set``)."""
+        d: dict[str, str] = {}
+        for p in pairs:
+            k, sep, v = p.partition("=")
+            if not sep or not k:
+                raise LocalViolation(f"--rollout-set {p!r}: expected KEY=VALUE")
+            d[k.strip()] = v.strip()
+        return cls.from_mapping(d, base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ------------------------------------------------------------------ what a site's status says
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    name: str
+    model: str
+    version: int
+    status: str
+    healthy: int
+    replicas: int
+    predicted_s: float | None = None
+    reasons: str = ""
+    device_versions: tuple[int, ...] = ()   # versions of its partitions the devices report
+    switching: str = ""                     # a version switch the fog reports in progress ('' = none)
+
+    def switched_to(self, ref: str, before: int | None) -> str:
+        """'' when it serves ``ref`` on every replica with a redeployed version, else what it still lacks."""
+        if self.model != ref:
+            return "still on the previous model"
+        if before is not None and self.version == before:
+            return f"not redeployed (still its v{before})"
+        if self.status != "running":
+            return f"{self.status}{': ' + self.reasons if self.reasons else ''}"
+        if self.healthy < max(1, self.replicas):
+            return f"{self.healthy}/{self.replicas} replicas healthy"
+        if self.switching:
+            return self.switching
+        old = sorted({v for v in self.device_versions if v != self.version})
+        if old:
+            return f"devices still run its v{old[0]}"
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class SiteView:
+    """The parts of a fog's status a rollout reads."""
+
+    releases: Mapping[str, tuple[int, str]] = field(default_factory=dict)   # name -> (version, model ref)
+    workloads: tuple[WorkloadView, ...] = ()
+    refusals: Mapping[str, int] = field(default_factory=dict)              # "release:<reason>" counters
+
+    def workload(self, name: str) -> WorkloadView | None:
+        return next((w for w in self.workloads if w.name == name), None)
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def site_view(status: Mapping[str, Any]) -> SiteView:
+    """Parse a ``status`` answer; ``ValueError`` when it is not one (a fog is a peer: nothing is assumed)."""
+    if not isinstance(status, Mapping):
+        raise ValueError("status is not an object")
+    rels: dict[str, tuple[int, str]] = {}
+    for name, r in dict(status.get("releases") or {}).items():
+        if isinstance(r, Mapping) and isinstance(r.get("version"), int):
+            rels[str(name)] = (int(r["version"]), str(r.get("model", "")))
+    by_wl: dict[str, list[int]] = {}
+    for d in status.get("devices") or ():
+        for p in (d.get("partitions") or ()) if isinstance(d, Mapping) else ():
+            parts = str(p).split("/")
+            if len(parts) >= 2 and parts[1][:1] == "v" and parts[1][1:].isdigit():
+                by_wl.setdefault(parts[0], []).append(int(parts[1][1:]))
+    wls = []
+    for w in status.get("workloads") or ():
+        if not isinstance(w, Mapping) or not isinstance(w.get("name"), str):
+            continue
+        lat: Mapping[str, Any] = w["latency"] if isinstance(w.get("latency"), Mapping) else {}
+        reasons: Mapping[str, Any] = w["reasons"] if isinstance(w.get("reasons"), Mapping) else {}
+        sw = w.get("switch")   # make-before-break: old partitions still serve or drain
+        switching = (f"switch v{sw.get('from_version')} -> v{sw.get('to_version')} in progress"
+                     if isinstance(sw, Mapping) else "")
+        wls.append(WorkloadView(
+            w["name"], str(w.get("model") or ""), int(w.get("version") or 0), str(w.get("status") or ""),
+            int(w.get("healthy_replicas") or 0), int(w.get("replicas") or 1), _num(lat.get("predicted_s")),
+            "; ".join(f"{k}: {v}" for k, v in reasons.items())[:300], tuple(by_wl.get(w["name"], ())),
+            switching))
+    counters: Mapping[str, Any] = status["counters"] if isinstance(status.get("counters"), Mapping) else {}
+    refusals = {str(k): int(v) for k, v in counters.items()
+                if str(k).startswith("release:") and isinstance(v, int)}
+    return SiteView(rels, tuple(wls), refusals)
+
+
+# ------------------------------------------------------------------ the held-out batch
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSample:
+    """One held-out request through the canary: answered or not, equal or not, and the fog's latency."""
+
+    workload: str
+    ok: bool
+    error: str = ""
+    mismatch: str = ""      # '' when every output equals the coordinator's run
+    latency_s: float = 0.0  # receive -> answer at the fog (what ``measured_p50_s`` is made of)
+
+
+def compare_outputs(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], rtol: float, atol: float) -> str:
+    """'' when every output of the reference run is in ``got`` and equal within tolerance, else why not."""
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None:
+            return f"output {name!r} missing"
+        w, g = np.asarray(w), np.asarray(g)
+        if w.shape != g.shape:
+            return f"output {name!r} has shape {list(g.shape)}, not {list(w.shape)}"
+        if w.dtype.kind in "fc" or g.dtype.kind in "fc":
+            a, b = w.astype(np.float64), g.astype(np.float64)
+            if not np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True):
+                with np.errstate(invalid="ignore"):
+                    err = float(np.nanmax(np.abs(b - a))) if a.size else 0.0
+                return f"output {name!r} differs (max |err| {err:.3g})"
+        elif not np.array_equal(w, g):
+            return f"output {name!r} differs"
+    return ""
+
+
+def judge_probe(samples: Sequence[ProbeSample], predicted: Mapping[str, float | None],
+                policy: RolloutPolicy) -> tuple[bool, str]:
+    """Whether the canary passed, and one line saying why (or what it measured)."""
+    n = len(samples)
+    if n == 0:
+        return False, "no held-out request could be sent"
+    failed = [s for s in samples if not s.ok]
+    if failed:
+        return False, f"{len(failed)}/{n} held-out requests failed ({failed[0].workload}: {failed[0].error})"
+    wrong = [s for s in samples if s.mismatch]
+    if wrong:
+        return False, (f"{len(wrong)}/{n} held-out outputs differ from the coordinator's run "
+                       f"({wrong[0].workload}: {wrong[0].mismatch})")
+    parts = []
+    for wl in sorted({s.workload for s in samples}):
+        lat = sorted(s.latency_s for s in samples if s.workload == wl)
+        p50 = lat[len(lat) // 2]
+        pred = predicted.get(wl)
+        if pred is not None and pred > 0:
+            bound = policy.latency_factor * pred + policy.latency_slack_s
+            if p50 > bound:
+                return False, (f"{wl}: p50 latency {p50 * 1e3:.1f} ms is over {policy.latency_factor:g} x the "
+                               f"predicted {pred * 1e3:.1f} ms + {policy.latency_slack_s * 1e3:.0f} ms")
+            parts.append(f"{wl} p50 {p50 * 1e3:.1f} ms (predicted {pred * 1e3:.1f} ms)")
+        else:
+            parts.append(f"{wl} p50 {p50 * 1e3:.1f} ms (no prediction)")
+    return True, f"held-out batch: {n}/{n} answered, outputs equal; " + ", ".join(parts)
+
+
+# ------------------------------------------------------------------ events and commands
+
+
+@dataclass(frozen=True, slots=True)
+class NewRelease:
+    """A release in the outbox. ``published``: sent before staged rollouts existed (adopted as done)."""
+
+    name: str
+    version: int
+    sha256: str
+    file: str
+    published: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    site: str
+    view: SiteView
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """The site did not answer (one line: why); timeouts act on it, this only explains them."""
+
+    site: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeDone:
+    name: str
+    version: int
+    samples: tuple[ProbeSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """The rollback release is in the outbox: ``restores``' bytes as ``as_version``."""
+
+    name: str
+    version: int
+    as_version: int
+    restores: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFailed:
+    name: str
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    site: str
+    name: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    site: str
+    name: str
+    version: int
+    workloads: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Write the first of ``candidates`` that is in the outbox as a new version of ``name`` (> ``version``)."""
+
+    name: str
+    version: int
+    candidates: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    text: str
+    level: str = "info"   # "info" | "warning"
+
+
+Event = NewRelease | Seen | Lost | ProbeDone | Restored | RestoreFailed
+Command = Publish | Probe | Restore | Note
+
+# ------------------------------------------------------------------ state
+
+
+@dataclass(slots=True)
+class SiteStep:
+    """One site within a rollout: waiting, published, accepted, refused, timeout or skipped."""
+
+    state: str = "waiting"
+    detail: str = ""
+    refusals: dict[str, int] | None = None   # the site's refusal counters before we published
+    since: float = 0.0                       # (not persisted: restarted by resume)
+    last_publish: float = -math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "detail": self.detail, "refusals": self.refusals}
+
+
+@dataclass(slots=True)
+class Rollout:
+    name: str
+    version: int
+    sha256: str
+    file: str
+    step: Step = Step.QUEUED
+    canary: str = ""
+    order: list[str] = field(default_factory=list)     # the other sites, in rollout order
+    sites: dict[str, SiteStep] = field(default_factory=dict)
+    reason: str = ""                                   # why it stopped (or what it could not do)
+    cause: str = ""                                    # the failed check behind a rollback
+    checks: list[str] = field(default_factory=list)    # what passed, one line each
+    baseline: dict[str, Any] | None = None             # {"version", "model", "followers": {wl: ver}, "refusals"}
+    rollback: dict[str, int] | None = None             # {"restores", "as_version"}
+    next_site: int = 0
+    waiting_for: str = ""                              # what the current step still waits for
+    since: float = 0.0
+    last_publish: float = -math.inf
+
+    @property
+    def ref(self) -> str:
+        return model_ref(self.sha256)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "sha256": self.sha256, "file": self.file,
+                "step": self.step.value, "canary": self.canary, "order": list(self.order),
+                "sites": {s: st.to_dict() for s, st in self.sites.items()}, "reason": self.reason,
+                "cause": self.cause, "checks": list(self.checks), "baseline": self.baseline,
+                "rollback": self.rollback, "next_site": self.next_site, "waiting_for": self.waiting_for}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Rollout":
+        r = cls(str(d["name"]), int(d["version"]), str(d["sha256"]), str(d["file"]), Step(d["step"]),
+                str(d.get("canary", "")), [str(s) for s in d.get("order", [])])
+        for s, st in dict(d.get("sites") or {}).items():
+            r.sites[str(s)] = SiteStep(str(st.get("state", "waiting")), str(st.get("detail", "")),
+                                       dict(st["refusals"]) if st.get("refusals") is not None else None)
+        r.reason, r.cause = str(d.get("reason", "")), str(d.get("cause", ""))
+        r.checks = [str(c) for c in d.get("checks", [])]
+        r.baseline = dict(d["baseline"]) if d.get("baseline") is not None else None
+        r.rollback = {k: int(v) for k, v in dict(d["rollback"]).items()} if d.get("rollback") else None
+        r.next_site, r.waiting_for = int(d.get("next_site", 0)), str(d.get("waiting_for", ""))
+        return r
+
+
+def _grown(before: Mapping[str, int] | None, after: Mapping[str, int]) -> str:
+    """The refusal reason whose counter grew since ``before`` ('' if none, or no baseline).
+
+    "stale" is never ours: a fog refuses a version as stale only when it lists that version
+    or a newer one, which the caller sees first; it is a duplicate of some earlier publish.
+    """
+    if before is None:
+        return ""
+    for k in sorted(after):
+        why = k.split(":", 1)[1] if ":" in k else k
+        if why not in ("stale", "retained") and after[k] > int(before.get(k, 0)):
+            return why
+    return ""
+
+
+class RolloutBook:
+    """Every release's rollout, one active at a time; ``handle(event, now)``/``tick(now)`` return commands."""
+
+    def __init__(self, sites: Sequence[str], canary: str, policy: RolloutPolicy | None = None) -> None:
+        if not sites:
+            raise LocalViolation("a rollout needs at least one site")
+        if canary not in sites:
+            raise LocalViolation(f"unknown canary site {canary!r} (sites: {', '.join(sites)})")
+        self.sites = list(sites)
+        self.canary = canary
+        self.policy = policy or RolloutPolicy()
+        self.rollouts: list[Rollout] = []
+        self.good: dict[str, int] = {}        # name -> the newest version that completed a rollout
+        self.seen: set[str] = set()           # outbox files already taken in
+        self.views: dict[str, SiteView] = {}
+        self.errors: dict[str, str] = {}
+        self.dirty = False
+
+    # -------------------------------------------------------------- queries
+
+    @property
+    def active(self) -> Rollout | None:
+        return next((r for r in self.rollouts if r.step not in TERMINAL and r.step is not Step.QUEUED), None)
+
+    @property
+    def busy(self) -> bool:
+        """A rollout runs or waits to run."""
+        return any(r.step not in TERMINAL for r in self.rollouts)
+
+    def find(self, name: str, version: int) -> Rollout | None:
+        return next((r for r in self.rollouts if r.name == name and r.version == version), None)
+
+    # -------------------------------------------------------------- persistence
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": 1, "canary": self.canary, "sites": self.sites, "good": dict(sorted(self.good.items())),
+                "seen": sorted(self.seen), "rollouts": [r.to_dict() for r in self.rollouts]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], sites: Sequence[str], canary: str,
+                  policy: RolloutPolicy | None = None) -> "RolloutBook":
+        """The persisted book under the current site table; ``ValueError`` if it is not one."""
+        if not isinstance(doc, Mapping) or doc.get("format") != 1:
+            raise ValueError("not a rollout book (format 1)")
+        book = cls(sites, canary, policy)
+        try:
+            book.good = {str(k): int(v) for k, v in dict(doc.get("good") or {}).items()}
+            book.seen = {str(f) for f in doc.get("seen") or ()}
+            book.rollouts = [Rollout.from_dict(d) for d in doc.get("rollouts") or ()]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed rollout ({type(exc).__name__}: {exc})") from None
+        return book
+
+    def resume(self, now: float) -> list[Command]:
+        """After a restart: the current step waits afresh, publishes are repeated, a probe is re-run."""
+        r = self.active
+        if r is None:
+            return self._start_next(now)
+        out: list[Command] = [Note(f"{r.label}: resuming the rollout at step {r.step.value}")]
+        r.since, r.last_publish = now, -math.inf
+        for st in r.sites.values():
+            st.since, st.last_publish = now, -math.inf
+        if r.canary not in self.sites:
+            return out + self._stop(r, Step.FAILED, f"canary {r.canary} is no longer a configured site", now)
+        if r.step is Step.PROBE:
+            out.append(Probe(r.canary, r.name, r.version, tuple(sorted(r.baseline["followers"]))
+                             if r.baseline else ()))
+        elif r.step is Step.ROLLBACK and r.rollback is None:
+            out.extend(self._restore_cmd(r, now))
+        return out + self.tick(now)
+
+    # -------------------------------------------------------------- events
+
+    def handle(self, ev: Event, now: float) -> list[Command]:
+        out = self._handle(ev, now)
+        if self.active is None and not isinstance(ev, (NewRelease, Lost)):
+            out += self._start_next(now)
+        return out
+
+    def _handle(self, ev: Event, now: float) -> list[Command]:
+        if isinstance(ev, NewRelease):
+            return self._new(ev, now)
+        if isinstance(ev, Lost):
+            self.errors[ev.site] = ev.error
+            return []
+        if isinstance(ev, Seen):
+            self.views[ev.site] = ev.view
+            self.errors.pop(ev.site, None)
+            return self._seen(ev.site, ev.view, now)
+        r = self.active
+        if r is None or (ev.name, ev.version) != (r.name, r.version):
+            return []  # about a rollout that already moved on (a late probe, a restore after a restart)
+        if isinstance(ev, ProbeDone) and r.step is Step.PROBE:
+            return self._probed(r, ev.samples, now)
+        if isinstance(ev, Restored) and r.step is Step.ROLLBACK and r.rollback is None:
+            r.rollback = {"restores": ev.restores, "as_version": ev.as_version}
+            r.since, r.last_publish = now, now
+            seen = self.views.get(r.canary)
+            r.sites[r.canary].refusals = dict(seen.refusals) if seen is not None else None
+            r.waiting_for = f"canary {r.canary} to list v{ev.as_version}"
+            self.dirty = True
+            return [Note(f"{r.label}: rolling back canary {r.canary} to v{ev.restores}'s model as "
+                         f"v{ev.as_version}", "warning"), Publish(r.canary, r.name, ev.as_version)]
+        if isinstance(ev, RestoreFailed) and r.step is Step.ROLLBACK and r.rollback is None:
+            return self._stop(r, Step.FAILED, f"{r.cause}; cannot roll back ({ev.reason}): canary {r.canary} "
+                                               f"keeps v{r.version}", now)
+        return []
+
+    def tick(self, now: float) -> list[Command]:
+        """Timeouts and republishing; starts the next queued rollout when none runs."""
+        r = self.active
+        if r is None:
+            return self._start_next(now)
+        p = self.policy
+        waited = now - r.since
+        err = self._err(r.canary)
+        out: list[Command] = []
+        if r.step is Step.BASELINE and waited > p.baseline_timeout_s:
+            out = self._stop(r, Step.FAILED, f"canary {r.canary} did not answer within {p.baseline_timeout_s:g} s"
+                                             f"{err}; {r.label} was not released anywhere", now)
+        elif r.step is Step.CANARY:
+            if waited > p.accept_timeout_s:
+                out = self._rollback(r, f"canary {r.canary} did not list {r.label} within {p.accept_timeout_s:g} s"
+                                        f"{err}", now)
+            else:
+                out = self._republish(r, r.canary, r.version, now)
+        elif r.step is Step.SWITCH and waited > p.serve_timeout_s:
+            out = self._rollback(r, f"canary {r.canary} does not serve {r.label} after {p.serve_timeout_s:g} s "
+                                    f"({r.waiting_for or 'no status'}){err}", now)
+        elif r.step is Step.PROBE and waited > p.probe_timeout_s:
+            out = self._rollback(r, f"canary {r.canary}: the held-out batch was not answered within "
+                                    f"{p.probe_timeout_s:g} s{err}", now)
+        elif r.step is Step.ROLLING:
+            site = r.order[r.next_site]
+            st = r.sites[site]
+            if now - st.since > p.site_timeout_s:
+                st.state, st.detail = "timeout", f"did not list v{r.version} within {p.site_timeout_s:g} s" \
+                                                 f"{self._err(site)}"
+                self.dirty = True
+                out = [Note(f"{r.label}: site {site} {st.detail}; going on", "warning")]
+                r.next_site += 1
+                out += self._advance(r, now)
+            else:
+                out = self._republish(r, site, r.version, now, st)
+        elif r.step is Step.ROLLBACK:
+            limit = p.rollback_timeout_s
+            if waited > limit:
+                what = (f"the rollback to v{r.rollback['restores']}'s model (v{r.rollback['as_version']}) was not "
+                        f"confirmed within {limit:g} s{err}" if r.rollback else
+                        f"the rollback release was not written within {limit:g} s")
+                out = self._stop(r, Step.FAILED, f"{r.cause}; {what}: canary {r.canary} may still run "
+                                                 f"v{r.version}", now)
+            elif r.rollback is not None:
+                out = self._republish(r, r.canary, r.rollback["as_version"], now)
+        if self.active is None:
+            out += self._start_next(now)
+        return out
+
+    # -------------------------------------------------------------- steps
+
+    def _err(self, site: str) -> str:
+        e = self.errors.get(site)
+        return f" (last error: {e})" if e else ""
+
+    def _new(self, ev: NewRelease, now: float) -> list[Command]:
+        if ev.file in self.seen or self.find(ev.name, ev.version) is not None:
+            self.seen.add(ev.file)
+            return []
+        self.seen.add(ev.file)
+        self.dirty = True
+        r = Rollout(ev.name, ev.version, ev.sha256, ev.file)
+        self.rollouts.append(r)
+        if ev.published:
+            r.step, r.reason = Step.DONE, "published before staged rollouts"
+            self.good[ev.name] = max(self.good.get(ev.name, 0), ev.version)
+            return []
+        newest = max((x.version for x in self.rollouts
+                      if x.name == ev.name and x is not r and x.step not in (Step.QUEUED, Step.SUPERSEDED)),
+                     default=0)
+        if ev.version <= newest:
+            r.step, r.reason = Step.SUPERSEDED, f"v{newest} of {ev.name} was rolled out already"
+            return [Note(f"{r.label}: skipped: {r.reason}")]
+        return [Note(f"{r.label}: queued for a staged rollout")] + (self._start_next(now) if self.active is None
+                                                                     else [])
+
+    def _start_next(self, now: float) -> list[Command]:
+        queued = [r for r in self.rollouts if r.step is Step.QUEUED]
+        if not queued or self.active is not None:
+            return []
+        name = queued[0].name
+        mine = [r for r in queued if r.name == name]
+        r = max(mine, key=lambda x: x.version)
+        out: list[Command] = []
+        for old in mine:
+            if old is not r:
+                old.step, old.reason = Step.SUPERSEDED, f"superseded by v{r.version} before it started"
+                out.append(Note(f"{old.label}: {old.reason}"))
+        r.canary = self.canary
+        r.order = [s for s in self.sites if s != self.canary]
+        r.sites = {s: SiteStep(since=now) for s in [self.canary, *r.order]}
+        r.step, r.since, r.waiting_for = Step.BASELINE, now, f"a status of canary {self.canary}"
+        self.dirty = True
+        then = f", then {', '.join(r.order)}" if r.order else ""
+        out.append(Note(f"{r.label}: staged rollout: canary {self.canary}{then}"))
+        return out
+
+    def _seen(self, site: str, view: SiteView, now: float) -> list[Command]:
+        r = self.active
+        if r is None:
+            return []
+        rel = view.releases.get(r.name)
+        if site == r.canary:
+            if r.step is Step.BASELINE:
+                return self._baseline(r, view, now)
+            if r.step is Step.CANARY:
+                return self._canary(r, view, rel, now)
+            if r.step is Step.SWITCH:
+                return self._switch(r, view, now)
+            if r.step is Step.ROLLBACK and r.rollback is not None:
+                if rel is not None and rel[0] >= r.rollback["as_version"]:
+                    return self._stop(r, Step.ROLLED_BACK, f"{r.cause}; rolled back: canary {r.canary} runs "
+                                                           f"v{r.rollback['restores']}'s model again (as "
+                                                           f"v{rel[0]})", now)
+                why = _grown(r.sites[r.canary].refusals, view.refusals)
+                if why:
+                    return self._stop(r, Step.FAILED, f"{r.cause}; canary {r.canary} refused the rollback ({why}): "
+                                                      f"it keeps v{r.version}", now)
+        elif r.step is Step.ROLLING and r.order[r.next_site] == site:
+            st = r.sites[site]
+            if rel is not None and rel[0] >= r.version:
+                st.state = "accepted"
+                st.detail = "" if rel[0] == r.version else f"lists v{rel[0]}, newer"
+                self.dirty = True
+                r.next_site += 1
+                return [Note(f"{r.label}: site {site} has it")] + self._advance(r, now)
+            why = _grown(st.refusals, view.refusals)
+            if why:
+                st.state, st.detail = "refused", why
+                self.dirty = True
+                r.next_site += 1
+                return [Note(f"{r.label}: site {site} refused it: {why}", "warning")] + self._advance(r, now)
+        return []
+
+    def _baseline(self, r: Rollout, view: SiteView, now: float) -> list[Command]:
+        rel = view.releases.get(r.name)
+        if rel is not None and rel[0] > r.version:
+            return self._stop(r, Step.FAILED, f"canary {r.canary} already lists {r.name} v{rel[0]}, newer than "
+                                              f"v{r.version}; nothing was released", now)
+        if rel is not None and rel[0] == r.version and rel[1] != r.ref:
+            return self._stop(r, Step.FAILED, f"canary {r.canary} already lists {r.label} with other bytes; "
+                                              f"release it as a version above {r.version}", now)
+        followers: dict[str, int | None] = {}
+        if rel is not None and rel[0] == r.version:
+            # it has this very version already (a restart before the book was saved, or a hand release)
+            followers = {w.name: None for w in view.workloads if w.model == r.ref}
+        elif rel is not None:
+            followers = {w.name: w.version for w in view.workloads if w.model == rel[1] and w.status == "running"}
+        r.baseline = {"version": rel[0] if rel else None, "model": rel[1] if rel else None,
+                      "followers": followers, "refusals": dict(view.refusals)}
+        st = r.sites[r.canary]
+        st.state, st.refusals, st.since, st.last_publish = "published", dict(view.refusals), now, now
+        r.step, r.since, r.last_publish = Step.CANARY, now, now
+        r.waiting_for = f"canary {r.canary} to list v{r.version}"
+        self.dirty = True
+        serves = f"; it serves {', '.join(sorted(followers))} from the release" if followers else ""
+        prev = f" (it runs v{rel[0]}{serves})" if rel else " (its first release of the name)"
+        return [Note(f"{r.label}: published to canary {r.canary}{prev}"), Publish(r.canary, r.name, r.version)]
+
+    def _canary(self, r: Rollout, view: SiteView, rel: tuple[int, str] | None, now: float) -> list[Command]:
+        st = r.sites[r.canary]
+        if rel is not None and rel[0] == r.version:
+            if rel[1] != r.ref:
+                return self._stop(r, Step.FAILED, f"canary {r.canary} lists {r.label} with other bytes "
+                                                  f"({rel[1][:17]}): released by someone else?", now)
+            st.state = "accepted"
+            r.checks.append(f"canary {r.canary} accepted v{r.version}")
+            r.step, r.since = Step.SWITCH, now
+            self.dirty = True
+            return [Note(f"{r.label}: canary {r.canary} accepted it")] + self._switch(r, view, now)
+        if rel is not None and rel[0] > r.version:
+            return self._stop(r, Step.FAILED, f"canary {r.canary} lists {r.name} v{rel[0]}, newer than v{r.version} "
+                                              "(released by someone else?)", now)
+        why = _grown(st.refusals, view.refusals)
+        if why:
+            st.state, st.detail = "refused", why
+            return self._stop(r, Step.FAILED, f"canary {r.canary} refused {r.label}: {why}", now)
+        return []
+
+    def _switch(self, r: Rollout, view: SiteView, now: float) -> list[Command]:
+        base = r.baseline or {}
+        followers: dict[str, int | None] = dict(base.get("followers") or {})
+        gone = [w for w in followers if view.workload(w) is None]
+        for w in gone:
+            followers.pop(w)
+            r.checks.append(f"workload {w} was deleted at canary {r.canary} during the rollout")
+        if gone:
+            base["followers"] = followers
+            self.dirty = True
+        if not followers:
+            if self.policy.require_serving:
+                return self._rollback(r, f"canary {r.canary} serves no workload from release:{r.name} (deploy one "
+                                         "there, or set require_serving = false)", now)
+            r.checks.append(f"canary {r.canary} serves no workload from release:{r.name}: outputs and latency "
+                            "not checked")
+            return self._start_rolling(r, now)
+        missing = []
+        for w, before in sorted(followers.items()):
+            wv = view.workload(w)
+            assert wv is not None
+            why = wv.switched_to(r.ref, before)
+            if why:
+                missing.append(f"{w}: {why}")
+        if missing:
+            if "; ".join(missing) != r.waiting_for:
+                r.waiting_for = "; ".join(missing)
+                self.dirty = True
+            return []
+        r.checks.append(f"canary {r.canary} serves it: {', '.join(sorted(followers))}")
+        r.step, r.since = Step.PROBE, now
+        r.waiting_for = f"the held-out batch through canary {r.canary}"
+        self.dirty = True
+        return [Note(f"{r.label}: {', '.join(sorted(followers))} switched at canary {r.canary}; sending the "
+                     "held-out batch"), Probe(r.canary, r.name, r.version, tuple(sorted(followers)))]
+
+    def _probed(self, r: Rollout, samples: Sequence[ProbeSample], now: float) -> list[Command]:
+        view = self.views.get(r.canary, SiteView())
+        predicted = {w.name: w.predicted_s for w in view.workloads}
+        ok, text = judge_probe(samples, predicted, self.policy)
+        if not ok:
+            return self._rollback(r, f"canary {r.canary}: {text}", now)
+        r.checks.append(text)
+        self.dirty = True
+        return [Note(f"{r.label}: canary {r.canary} passed: {text}")] + self._start_rolling(r, now)
+
+    def _start_rolling(self, r: Rollout, now: float) -> list[Command]:
+        r.step, r.since, r.next_site = Step.ROLLING, now, 0
+        self.dirty = True
+        return self._advance(r, now)
+
+    def _advance(self, r: Rollout, now: float) -> list[Command]:
+        while r.next_site < len(r.order):
+            site = r.order[r.next_site]
+            st = r.sites.setdefault(site, SiteStep())
+            if site not in self.sites:
+                st.state, st.detail = "skipped", "no longer a configured site"
+                r.next_site += 1
+                continue
+            view = self.views.get(site)
+            st.state, st.since, st.last_publish = "published", now, now
+            st.refusals = dict(view.refusals) if view is not None else None
+            r.since, r.waiting_for = now, f"site {site} to list v{r.version}"
+            self.dirty = True
+            return [Publish(site, r.name, r.version)]
+        good = [r.canary] + [s for s in r.order if r.sites[s].state == "accepted"]
+        bad = [f"{s}: {r.sites[s].state} ({r.sites[s].detail})" for s in r.order if r.sites[s].state != "accepted"]
+        reason = f"not on {'; '.join(bad)}" if bad else ""
+        out = self._stop(r, Step.DONE, reason, now)
+        return out[:-1] + [Note(f"{r.label}: rolled out to {', '.join(good)}" + (f"; {reason}" if bad else ""),
+                                "warning" if bad else "info")]
+
+    def _rollback(self, r: Rollout, cause: str, now: float) -> list[Command]:
+        r.cause, r.step, r.since, r.rollback = cause, Step.ROLLBACK, now, None
+        r.waiting_for = "the rollback release"
+        self.dirty = True
+        cmds = self._restore_cmd(r, now)
+        if not cmds:
+            return self._stop(r, Step.FAILED, f"{cause}; no earlier release of {r.name} to roll back to: canary "
+                                              f"{r.canary} keeps v{r.version}", now)
+        return [Note(f"{r.label}: canary check failed: {cause}", "warning")] + cmds
+
+    def _restore_cmd(self, r: Rollout, now: float) -> list[Command]:
+        cands: list[int] = []
+        prev = (r.baseline or {}).get("version")
+        for v in (prev, self.good.get(r.name)):
+            if v is not None and v != r.version and v not in cands:
+                cands.append(int(v))
+        return [Restore(r.name, r.version, tuple(cands))] if cands else []
+
+    def _republish(self, r: Rollout, site: str, version: int, now: float, st: SiteStep | None = None) -> list[Command]:
+        holder: Any = st if st is not None else r
+        if now - holder.last_publish >= self.policy.publish_retry_s:
+            holder.last_publish = now
+            return [Publish(site, r.name, version)]
+        return []
+
+    def _stop(self, r: Rollout, step: Step, reason: str, now: float) -> list[Command]:
+        r.step, r.reason, r.waiting_for = step, reason, ""
+        if step is Step.DONE:
+            self.good[r.name] = max(self.good.get(r.name, 0), r.version)
+        self.dirty = True
+        finished = [x for x in self.rollouts if x.step in TERMINAL]
+        if len(finished) > _KEEP_FINISHED:
+            drop = {id(x) for x in finished[:len(finished) - _KEEP_FINISHED]}
+            self.rollouts = [x for x in self.rollouts if id(x) not in drop]
+        level = "info" if step is Step.DONE else "warning"
+        return [Note(f"{r.label}: {step.value}" + (f": {reason}" if reason else ""), level)]
