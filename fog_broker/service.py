@@ -46,6 +46,7 @@ from runtime.security import SessionKeyPair, Signer, TrustStore, Verifier, sign_
 from runtime.topics import ACK, BIRTH, DEATH, STATE, Topics
 
 from .artifacts import ArtifactBuilder
+from .calibration import CalibrationBook, device_class
 from .control import MAX_REQUEST_BYTES, ControlPlane
 from .controller import Controller, ControllerConfig, DeployPartition, Persist, UndeployPartition
 from .ingest import Ingest
@@ -150,6 +151,7 @@ class FogService:
                                      command_prefix=f"{c.fog_id}.{self.epoch}")
         self.router = Router(self.topics.reply(c.fog_id))
         self.artifacts = ArtifactBuilder(self.identity, c.data_dir / "models")
+        self.calibration = CalibrationBook()
         self._rebirths = RateLimit(c.max_rebirths_per_s, c.max_rebirths_per_s)
         self._state_payload = self.signer.seal_bytes(self._fog_state(True), time.time())
         self._will_payload = self.signer.seal_bytes(self._fog_state(False), time.time())
@@ -385,6 +387,7 @@ class FogService:
                 if self._partitions_seen.get(msg.device_id) != parts:
                     self._partitions_seen[msg.device_id] = parts
                     self._dirty = True
+                    self._calibrate(msg)
         elif kind == "ack":
             msg, at = item[1], item[2]
             self.execute(self.controller.ack(msg.command_id, msg.device_id, msg.ok, msg.reason, at))
@@ -462,6 +465,25 @@ class FogService:
         if now - self._last_time_hint >= self.config.time_hint_s:
             self._last_time_hint = now
             self.publish_signed(self.topics.time(), TimeHint(self.config.fog_id, time.time()))
+
+    def _calibrate(self, st: DeviceState) -> None:
+        """Partition timings a device measured at load -> the workload's measured segment times."""
+        rec = self.registry.get(st.device_id)
+        labels = dict(rec.birth.labels) if rec is not None and rec.birth is not None else {}
+        cls = device_class(st.device_id, labels)
+        for p in st.partitions:
+            entry = self.controller.workloads.get(p.workload)
+            a = self.controller.assignments.get((p.workload, p.version, p.replica, p.index))
+            if (p.calib_s <= 0 or entry is None or entry.version != p.version or entry.spec.profile is None
+                    or a is None or a.device != st.device_id):
+                continue
+            times = self.calibration.note(p.workload, p.version, cls, entry.spec.profile, a.first, a.last, p.calib_s)
+            if times is None:
+                continue
+            self.controller.update_costs(p.workload, entry.spec.profile.with_times({cls: times}))
+            self.counters["calibrations_applied"] += 1
+            log.info("measured segment times of %s v%d on %s: %s", p.workload, p.version, cls,
+                     ", ".join(f"{t * 1000:.2f} ms" for t in times))
 
     def _reconcile(self, now: float) -> None:
         self._dirty = False

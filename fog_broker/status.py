@@ -56,6 +56,8 @@ def _workload_row(svc: "FogService", name: str, follows: str | None) -> dict[str
         "healthy_replicas": c.healthy_replicas(name), "model": e.spec.model,
         "switch": c.switch_view(name),  # a version change in progress: what serves, what drains
         "segments": len(e.spec.profile.segments) if e.spec.profile else None,
+        # device classes (or devices) whose measured segment times the scheduler uses for it
+        "measured_on": [k for k, _ in e.spec.profile.segment_times] if e.spec.profile else [],
         "placement": [{"replica": r, "partitions": parts,
                        "latency_s": costs[r].latency_s if r in costs else None,
                        "energy_j": costs[r].energy_j if r in costs else None}

@@ -90,10 +90,14 @@ class PartitionStatus(Record):
     p99_s: float = 0.0
     served: int = 0
     errors: int = 0
+    # one request's compute, timed on this device when the partition was loaded (its calibration):
+    # the fog turns it into measured segment times for the device's class
+    calib_s: float = 0.0
 
     def validate(self) -> None:
         if self.health not in ("running", "loading", "failed"):
             raise RemoteViolation(f"unknown partition health {self.health!r}")
+        _check_nonneg(calib_s=self.calib_s)
 
 
 @message

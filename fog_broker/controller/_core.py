@@ -209,7 +209,8 @@ class ControllerConfig:
 def sub_profile(profile: ChainProfile, first: int, last: int) -> ChainProfile:
     """The chain profile of segments first..last as a model of its own."""
     inp = profile.input_bytes if first == 0 else profile.segments[first - 1].out_bytes
-    return ChainProfile(f"{profile.model}[{first}:{last}]", inp, profile.segments[first:last + 1])
+    return ChainProfile(f"{profile.model}[{first}:{last}]", inp, profile.segments[first:last + 1],
+                        tuple((k, v[first:last + 1]) for k, v in profile.segment_times))
 
 
 def _complete(parts: Sequence[Assignment], nseg: int) -> bool:
@@ -311,6 +312,13 @@ class Controller:
             entry.spec = spec
         self._need_plan = True
         return out
+
+    def update_costs(self, name: str, profile: ChainProfile) -> None:
+        """Measured costs for a workload's chain: used from the next plan on (a device lost, new work),
+        without planning now: nothing that runs moves because a timing came in."""
+        entry = self.workloads.get(name)
+        if entry is not None and entry.spec.profile is not None:
+            entry.spec = replace(entry.spec, profile=profile)
 
     def remove_workload(self, name: str) -> list[Command]:
         """Delete a workload: every partition of every version goes now (a switch ends with it)."""

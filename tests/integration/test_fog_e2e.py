@@ -137,6 +137,9 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     c.wait_running("mlp2", 30)
     devices = [p["device"] for r in w["placement"] for p in r["partitions"]]
     assert len(devices) >= 2, w  # 513 KB of resnet on 400 KB devices: a chain of partitions
+    # each agent timed its partition at load; the fog now places by those measured times
+    calibrated = _wait(lambda: set(_workload(c, "res")["measured_on"]), 15, "calibrated devices")
+    assert set(devices) <= calibrated
     x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
     out = c.infer("res", {"x": x}, timeout=10)
     np.testing.assert_allclose(out["logits"], _reference("resnet", x), rtol=1e-4, atol=1e-5)
