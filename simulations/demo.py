@@ -93,6 +93,31 @@ class Processes:
                 proc.wait(timeout=5)
 
 
+def _reap(work: Path, grace_s: float = 3.0) -> None:
+    """Whatever still names the demo's directory (Flower's detached SuperExec, which waits to notice
+    its SuperLink is gone) gets ``grace_s`` to exit, then SIGKILL: the demo leaves nothing behind."""
+    import psutil
+
+    def strays() -> list[Any]:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                cmd = p.info["cmdline"] or []
+                ours = any(k in " ".join(cmd) for k in ("flower-", "flwr", "runtime.cli", "edge_agent", "mosquitto"))
+                if p.pid != os.getpid() and ours and any(str(work) in part for part in cmd):
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+    _, alive = psutil.wait_procs(strays(), timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def _wait(what: str, cond: Callable[[], Any], timeout: float, poll: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
@@ -214,8 +239,13 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
         ref, in_name = _reference_output(x)
         primary = wl["placement"][0]["partitions"]
-        victim = next((p["device"] for p in primary if p["device"] not in ("dev-00", "dev-01")),
-                      primary[len(primary) // 2]["device"])
+        # the victim hosts a partition of the primary chain; not the source or sink, and preferably
+        # not a device that trains later (a dead device is not selected for rounds: the federated
+        # part should show the Byzantine client and the coordinator crash, not this fault again)
+        trainers = {f"dev-{i + 2:02d}" for i in range(cfg.fl_nodes)}
+        candidates = [p["device"] for p in primary if p["device"] not in ("dev-00", "dev-01")]
+        victim = next((d for d in candidates if d not in trainers), None) or \
+            next(iter(candidates), primary[len(primary) // 2]["device"])
         timeline: list[dict[str, Any]] = []
         sent = answered = errors = lost = mismatched = 0
         max_diff = 0.0
@@ -290,6 +320,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         procs.stop_all()
         if fog is not None:
             fog.stop()
+        _reap(work)
         result["elapsed_s"] = round(time.monotonic() - rep.t0, 1)
         result["steps"] = rep.steps
     return result
