@@ -107,10 +107,15 @@ def load_app(app_dir: str | Path) -> AppSpec:
                    input_shape)
 
 
-def stage(spec: AppSpec, dest: Path, overrides: Mapping[str, Any]) -> Path:
+def stage(spec: AppSpec, dest: Path, overrides: Mapping[str, Any],
+          components: Mapping[str, str] | None = None) -> Path:
     """Copy the app to ``dest`` (replacing an older copy) with ``fogline-settings`` and ``overrides`` in its config.
 
     ``overrides`` keys must be keys of the app's config (as ``flwr run --run-config`` requires).
+    ``components`` replaces the app's ``serverapp`` and/or ``clientapp`` with Fogline's own
+    (``"package.module:attr"``), through a one-line module in the staged copy: the FAB that
+    Flower ships carries it, and the user's other half and config stay as they are (two-level
+    rounds: the site bridge as the cloud's ClientApp, the site server on a fog's SuperLink).
     """
     unknown = sorted(set(overrides) - set(spec.config) - {SETTINGS_KEY})
     if unknown:
@@ -128,6 +133,16 @@ def stage(spec: AppSpec, dest: Path, overrides: Mapping[str, Any]) -> Path:
             raise LocalViolation(f"run config {k}: expected {type(spec.config[k]).__name__}, got {v!r}")
         cfg[k] = float(v) if isinstance(spec.config.get(k), float) else v
     cfg.setdefault(SETTINGS_KEY, "")
+    comps = doc["tool"]["flwr"]["app"].setdefault("components", {})
+    for kind, ref in (components or {}).items():
+        if kind not in ("serverapp", "clientapp") or not _REF.match(ref):
+            raise LocalViolation(f"cannot replace component {kind!r} with {ref!r}")
+        mod, attr = ref.split(":")
+        shim = f"fogline_{kind}"
+        (dest / f"{shim}.py").write_text(f'"""Fogline\'s {kind} for this run (staged by fogline)."""\n'
+                                         f"from {mod} import {attr} as _app\n\n"
+                                         "app = _app  # an assignment: Flower finds the attribute statically\n")
+        comps[kind] = f"{shim}:app"
     path.write_text(tomli_w.dumps(doc))
     return dest
 

@@ -63,6 +63,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--battery-floor", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics (rounds, checkpoints, releases, rollouts, sites) on PORT")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address for --metrics-port (default 127.0.0.1, plain HTTP); any other address serves "
+                        "HTTPS to client certificates of a site's CA (operator, coordinator or monitor)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="two-level rounds: this SuperLink's SuperNodes are sites (fogline site-aggregator), each "
+                        "answering with its devices' robust aggregate; the rule and --f apply to sites")
     from .sites_cli import add_site_options
 
     add_site_options(p, with_insecure=False)
@@ -151,6 +159,8 @@ def coordinator(args: argparse.Namespace) -> int:
 
     if ":" not in args.superlink:
         return _error("--superlink must be HOST:PORT")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return _error("--metrics-port must be a port number (0: any free port)")
     if (args.rounds is not None and args.rounds < 1) or (args.min_clients is not None and args.min_clients < 1) or \
             (args.f is not None and args.f < 0):
         return _error("--rounds and --min-clients must be >= 1, --f >= 0")
@@ -210,7 +220,8 @@ def coordinator(args: argparse.Namespace) -> int:
             battery_floor=args.battery_floor)
         if not args.no_supernode_auth and not (work / "supernodes.json").exists():
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
-        staged = stage(spec, work / STAGED_DIR, overrides)
+        staged = stage(spec, work / STAGED_DIR, overrides,
+                       components={"clientapp": "fog_broker.hierarchy.bridge:app"} if args.hierarchical else None)
         settings_path = settings.save()
         service = None
         if table is not None:
@@ -220,7 +231,10 @@ def coordinator(args: argparse.Namespace) -> int:
         sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.no_supernode_auth,
                                            args.max_restarts, args.timeout))
         rolled: list[dict[str, Any]] = []
+        exporter = None
         try:
+            if args.metrics_port is not None:
+                exporter = _serve_metrics(args, settings, sup, service, table, dirs, rule, spec.config)
             doc = sup.run()
             if service is not None and not service.drain(args.rollout_wait):
                 log.warning("rollouts still running after --rollout-wait %g s; they resume at the next start "
@@ -229,12 +243,42 @@ def coordinator(args: argparse.Namespace) -> int:
             if service is not None:
                 service.stop()
                 rolled = service.outcomes()
+            if exporter is not None:
+                exporter.close()
     except RunStopped as exc:
         return _error(str(exc))
     except (FoglineError, ReleaseError, ValueError) as exc:
         return _error(str(exc))
     _print_report(doc, work / RELEASES_DIR, settings, rolled)
     return 0
+
+
+def _serve_metrics(args: argparse.Namespace, settings: Any, sup: Any, service: Any, table: Any, dirs: list[Path],
+                   rule: str | None, config: Any) -> Any:
+    """Start the coordinator's exporter (``cloud_coordinator.metrics``); the supervisor's poll feeds it."""
+    from runtime.errors import LocalViolation
+    from runtime.security import Identity
+
+    from .metrics import CoordinatorWatch, Source, serve
+
+    rounds = args.rounds if args.rounds is not None else config.get("num-server-rounds")
+    source = Source(Path(settings.work_dir), tuple(dirs),
+                    Identity.load(settings.signer, settings.signing_key).public_key_bytes,
+                    rule=rule or "app", release=settings.release_name if settings.export else "",
+                    checkpoint_mode=settings.checkpoint_mode,
+                    rounds_target=int(rounds) if isinstance(rounds, int) else None)
+    watch = CoordinatorWatch(source, supervisor=sup, service=service)
+    sup.on_tick = watch.observe
+    cas = [s.creds.dir / "ca.pem" for s in table.sites] if table is not None else []
+    try:
+        server = serve(watch, args.metrics_port, args.metrics_host, client_cas=cas, work_dir=Path(settings.work_dir),
+                       server_names=[args.superlink.rpartition(":")[0]])  # the name SuperNodes dial
+    except OSError as exc:
+        raise LocalViolation(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: "
+                             f"{exc.strerror or exc}") from None
+    host, port = server.address
+    print(f"metrics: {'https' if server.tls else 'http'}://{host}:{port}/metrics", file=sys.stderr, flush=True)
+    return server
 
 
 def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict[str, Any]] | None = None) -> None:

@@ -8,6 +8,16 @@ subscription and the release publishes. A thread per site owns it: it
 (re)connects with backoff, polls ``status``, and runs the commands the
 service hands it (publish, probe); it reports to the service's queue as
 rollout events (``Seen``, ``Lost``, ``ProbeDone``). It never decides anything.
+
+Site autonomy (docs/sites.md): a site that answered once and then stops
+answering (a WAN cut, the coordinator's host asleep) is *cut off*, not
+failed: ``cut_since`` says since when, which the service uses to stop the
+rollout clock, and the link sends no status requests while its connection is
+down (paho would queue them and deliver a burst of stale ones later). The
+connection itself reconnects on its own; the fog's retained summary and the
+QoS 1 releases queued in it arrive when the link returns. A held-out batch
+cut short by the link reports ``ProbeCut`` instead of failed requests: the
+service runs it again when the site is back.
 """
 from __future__ import annotations
 
@@ -30,13 +40,23 @@ from .rollout import Lost, ProbeDone, ProbeSample, RolloutPolicy, Seen, compare_
 from .sites import Site
 from .summaries import MAX_SUMMARY_BYTES, SummaryInbox
 
-__all__ = ["SiteClient", "SiteLink", "KeyMismatch", "SendRelease", "RunProbe"]
+__all__ = ["SiteClient", "SiteLink", "KeyMismatch", "SendRelease", "RunProbe", "ProbeCut"]
 
 log = logging.getLogger("fogline.sites")
 
 
 class SiteClient(FogClient):
-    """``FogClient`` as the coordinator uses it: one site identity's connection (kept for the name)."""
+    """``FogClient`` as the coordinator uses it: one site identity's connection, and whether it is up."""
+
+    @property
+    def connected(self) -> bool:
+        """The MQTT connection is up (paho reconnects by itself when it is not)."""
+        return self._mqtt.connected
+
+    @property
+    def link_error(self) -> str:
+        """Why the connection is down, one line ('' if unknown)."""
+        return self._mqtt.last_error or ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +73,15 @@ class RunProbe:
     workloads: tuple[str, ...]
     blob: bytes
     policy: RolloutPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCut:
+    """The held-out batch was cut short by the link (not answered is not a verdict): run it again later."""
+
+    site: str
+    name: str
+    version: int
 
 
 _STOP = object()
@@ -77,6 +106,8 @@ class SiteLink:
         self.commands: queue.Queue[Any] = queue.Queue()
         # what `fogline sites status` shows (read by the service thread; replaced whole)
         self.info: dict[str, Any] = {"reachable": False, "error": "not connected yet", "last_contact_at": None}
+        # monotonic time the site stopped answering after it had answered (a cut), else None (read by the service)
+        self.cut_since: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"site-{site.name}", daemon=True)
 
@@ -98,10 +129,21 @@ class SiteLink:
 
     # ------------------------------------------------------------ the thread
 
-    def _lost(self, error: str) -> None:
+    def _lost(self, error: str, *, cut: bool = False) -> None:
+        """Report the site unreachable; ``cut``: it answered before and the link (not the site's answer) failed."""
         error = " ".join(error.split())[:300]
+        if cut and self.info.get("last_contact_at") is not None and self.cut_since is None:
+            self.cut_since = time.monotonic()
         self.info = {**self.info, "reachable": False, "error": error}
         self.events.put(Lost(self.site.name, error))
+
+    def _cut_line(self, what: str) -> str:
+        """The one line `fogline sites status` shows for a site that stopped answering after it had answered."""
+        at = self.info.get("last_contact_at")
+        if at is None:
+            return what
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(at))
+        return f"cut off: {what}; last answer at {since}; the site runs on its own, its news waits for the link"
 
     def _connect(self) -> bool:
         s = self.site
@@ -143,16 +185,21 @@ class SiteLink:
 
     def _poll(self) -> None:
         assert self.client is not None
+        if not self.client.connected:  # paho reconnects by itself; a request now would only be queued and go stale
+            why = self.client.link_error or "connection lost"
+            self._lost(self._cut_line(f"no MQTT connection to {self.site.address} ({why})"), cut=True)
+            return
         try:
             st = self.client.status(timeout=self.request_timeout_s, limit=None if self.fast else 0)
             view = site_view(st)
         except TimeoutError as exc:
-            self._lost(f"no status answer: {exc}")
+            self._lost(self._cut_line(f"no status answer: {exc}"), cut=True)
             return
         except (FoglineError, ValueError, TypeError, KeyError) as exc:
             self._lost(f"status refused or unreadable: {exc}")
             return
         metrics = st.get("metrics") or {}
+        self.cut_since = None
         self.info = {"reachable": True, "error": None, "last_contact_at": time.time(),
                      "fog_id": st.get("fog_id"), "fog_site": st.get("site"),
                      "devices_live": metrics.get("devices_live"), "devices_total": st.get("devices_total"),
@@ -168,16 +215,40 @@ class SiteLink:
                 log.info("site %s: %s v%d not sent (not connected); the rollout retries", self.site.name, cmd.name,
                          cmd.version)
                 return
+            # QoS 1: a copy the broker has not acknowledged stays queued in the connection and is sent again
+            # when it reconnects (and the rollout republishes), so a cut delays a release, it does not lose it
             if self.client.send(self.topics.release(), cmd.frame, timeout=self.request_timeout_s):
                 log.info("site %s: sent %s v%d", self.site.name, cmd.name, cmd.version)
                 self.poll_now.set()
             else:
-                self._lost(f"the broker did not acknowledge {cmd.name} v{cmd.version}")
+                log.info("site %s: %s v%d queued until the link returns", self.site.name, cmd.name, cmd.version)
+                self._lost(self._cut_line(f"the broker did not acknowledge {cmd.name} v{cmd.version}"), cut=True)
         elif isinstance(cmd, RunProbe):
-            self.events.put(ProbeDone(cmd.name, cmd.version, tuple(self._probe(cmd))))
+            samples = self._probe(cmd)
+            if samples is None:
+                self._lost(self._cut_line(f"the held-out batch of {cmd.name} v{cmd.version} went unanswered"),
+                           cut=True)
+                log.info("site %s: the held-out batch of %s v%d was cut short by the link; it runs again when "
+                         "the site is back", self.site.name, cmd.name, cmd.version)
+                self.events.put(ProbeCut(self.site.name, cmd.name, cmd.version))
+            else:
+                self.events.put(ProbeDone(cmd.name, cmd.version, tuple(samples)))
             self.poll_now.set()
 
-    def _probe(self, cmd: RunProbe) -> list[ProbeSample]:
+    def _answers(self) -> bool:
+        """Whether the site still answers a status request: an unanswered inference is a verdict only then."""
+        if self.client is None or not self.client.connected:
+            return False
+        try:
+            self.client.status(timeout=self.request_timeout_s, limit=0)
+        except TimeoutError:
+            return False
+        except (FoglineError, ValueError, TypeError, KeyError):
+            return True  # it answered (a refusal is the site's word, not the link's)
+        return True
+
+    def _probe(self, cmd: RunProbe) -> list[ProbeSample] | None:
+        """The samples, or None when the link went down under the batch (no verdict on the release)."""
         p = cmd.policy
         try:
             batch = held_out_batch(cmd.blob, p.probe_requests, p.holdout, seed=cmd.version)
@@ -191,9 +262,16 @@ class SiteLink:
                 if self.client is None or time.monotonic() > deadline:
                     out.append(ProbeSample(w, False, "not sent: the site went away or the probe ran out of time"))
                     continue
+                if not self.client.connected:
+                    return None
                 try:
                     res = self.client.infer_result(w, req, timeout=self.request_timeout_s)
-                except (InferenceError, TimeoutError, FoglineError) as exc:
+                except TimeoutError as exc:
+                    if not self._answers():
+                        return None
+                    out.append(ProbeSample(w, False, str(exc).splitlines()[0][:200] or "TimeoutError"))
+                    continue
+                except (InferenceError, FoglineError) as exc:
                     out.append(ProbeSample(w, False, str(exc).splitlines()[0][:200] if str(exc) else
                                            type(exc).__name__))
                     continue

@@ -12,6 +12,15 @@ links' events and the outbox's new releases, with ``time.monotonic()`` as
   higher version (metadata ``rollback-of``/``restores``), which is how a
   rollback gets past fogs that accept only increasing versions.
 
+Site autonomy: the book's clock (``RolloutClock``) stands still while the
+site the active rollout waits on is cut off (it answered, then its link went
+quiet), up to ``outage_grace_s`` per outage. A WAN cut is no verdict on a
+release: without this a cut longer than a step's timeout would fail a
+release the site never saw, or roll back one it had accepted. The release
+and the site's acknowledgement (its ``status`` listing the version) go
+through once the link is back; a held-out batch the cut interrupted
+(``ProbeCut``) is run again then.
+
 After every change the book is saved (``CKPT/rollouts.json``, atomically):
 a restarted coordinator resumes a rollout where it stopped.
 ``CKPT/sites/status.json`` says what each site last answered, for
@@ -47,16 +56,18 @@ from .rollout import (
     Restored,
     RestoreFailed,
     RolloutBook,
+    Seen,
     Step,
 )
 from .settings import RELEASES_DIR
-from .sitelink import RunProbe, SendRelease, SiteLink
+from .sitelink import ProbeCut, RunProbe, SendRelease, SiteLink
 from .sites import ROLLOUTS_FILE, STATUS_FILE, SiteTable, summaries_dir_of
 
-__all__ = ["SiteService", "PUBLISHED_FILE", "load_book"]
+__all__ = ["SiteService", "RolloutClock", "PUBLISHED_FILE", "load_book", "OUTAGE_GRACE_S"]
 
 log = logging.getLogger("fogline.sites")
 PUBLISHED_FILE = "published.json"
+OUTAGE_GRACE_S = 3600.0   # the longest cut a rollout waits out per outage; after that its timeouts run again
 _SIGNED_KEYS = ("workload", "version", "format")  # build_release sets these itself
 
 
@@ -80,11 +91,35 @@ def load_book(work_dir: Path, table: SiteTable) -> tuple[RolloutBook, set[str] |
                              "rollout history") from None
 
 
+class RolloutClock:
+    """The rollout book's ``now``: monotonic time less the time the awaited site was cut off.
+
+    Each outage is left out up to ``grace_s`` (so every wait stays bounded: a site cut off for
+    good times out ``grace_s`` later than it would have). Continuous and never decreasing, so
+    the book's ``since``/``last_publish`` stamps stay comparable across a cut.
+    """
+
+    def __init__(self, grace_s: float = OUTAGE_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.left_out = 0.0              # outage time of closed outages not counted
+        self._open: float | None = None  # when the current outage began
+
+    def now(self, mono: float, cut: bool) -> float:
+        """The book's time at monotonic ``mono``; ``cut``: the site the rollout waits on is cut off now."""
+        if cut and self._open is None:
+            self._open = mono
+        elif not cut and self._open is not None:
+            self.left_out += min(mono - self._open, self.grace_s)
+            self._open = None
+        held = min(mono - self._open, self.grace_s) if self._open is not None else 0.0
+        return mono - self.left_out - held
+
+
 class SiteService:
     """Starts the links and the owner thread; ``drain`` waits for rollouts, ``stop`` saves and closes."""
 
     def __init__(self, work_dir: Path, table: SiteTable, signer: Identity, *, insecure: bool = False,
-                 poll_s: float = 5.0, fast_poll_s: float = 0.5) -> None:
+                 poll_s: float = 5.0, fast_poll_s: float = 0.5, outage_grace_s: float = OUTAGE_GRACE_S) -> None:
         self.work = work_dir
         self.outbox = work_dir / RELEASES_DIR
         self.table = table
@@ -95,6 +130,8 @@ class SiteService:
         self.links = {s.name: SiteLink(s, summaries_dir_of(work_dir, s.name), self.events, insecure=insecure,
                                        poll_s=poll_s, fast_poll_s=fast_poll_s) for s in table.sites}
         self.notes: list[tuple[str, str]] = []
+        self.clock = RolloutClock(outage_grace_s)
+        self._cut_probes: dict[str, Probe] = {}   # site -> the held-out batch a cut interrupted (run again)
         self.failures = 0             # exceptions in the owner loop (logged)
         self._frames: dict[tuple[str, str, int], bytes] = {}
         self._bad_files: set[str] = set()
@@ -155,26 +192,25 @@ class SiteService:
         first = True
         while not self._stop.is_set():
             try:
-                now = time.monotonic()
-                out: list[Command] = self.book.resume(now) if first else []
+                out: list[Command] = self.book.resume(self._now()) if first else []
                 first = False
                 try:
                     ev = self.events.get(timeout=0.2)
                     while True:
-                        out += self.book.handle(ev, time.monotonic())
+                        out += self._event(ev)
                         ev = self.events.get_nowait()
                 except queue.Empty:
                     pass
-                now = time.monotonic()
+                mono = time.monotonic()
                 with self._lock:
                     asked = self._scan_asked
-                if now >= next_scan or asked > self._scanned:
-                    out += self._scan(now)
-                    next_scan = now + 1.0
+                if mono >= next_scan or asked > self._scanned:
+                    out += self._scan(self._now())
+                    next_scan = mono + 1.0
                     scanned = asked
                 else:
                     scanned = self._scanned
-                out += self.book.tick(now)
+                out += self.book.tick(self._now())
                 self._execute(out)
                 self._mark_fast()
                 if self.book.dirty:
@@ -182,15 +218,45 @@ class SiteService:
                 with self._lock:
                     self._scanned = scanned
                     self._busy = self.book.busy
-                if now >= next_status:
+                if mono >= next_status:
                     self._write_status()
-                    next_status = now + 2.0
+                    next_status = mono + 2.0
             except Exception:
                 self.failures += 1
                 log.exception("site service loop")
                 time.sleep(0.5)
         if self.book.dirty:
             self._save()
+
+    def _awaited(self) -> str | None:
+        """The site the active rollout waits on (the canary, or the site it is rolling out to)."""
+        r = self.book.active
+        if r is None:
+            return None
+        return r.order[r.next_site] if r.step is Step.ROLLING and r.next_site < len(r.order) else r.canary
+
+    def _now(self) -> float:
+        """The book's time: it stands still while the awaited site is cut off (``RolloutClock``)."""
+        site = self._awaited()
+        link = self.links.get(site) if site is not None else None
+        return self.clock.now(time.monotonic(), link is not None and link.cut_since is not None)
+
+    def _event(self, ev: Any) -> list[Command]:
+        """A link's event into the book; a cut-short held-out batch is kept and run again once the site answers."""
+        if isinstance(ev, ProbeCut):
+            r = self.book.active
+            if r is not None and (r.name, r.version) == (ev.name, ev.version) and r.step is Step.PROBE:
+                self._cut_probes[ev.site] = Probe(ev.site, ev.name, ev.version,
+                                                  tuple(sorted((r.baseline or {}).get("followers") or ())))
+            return []
+        out = self.book.handle(ev, self._now())
+        if isinstance(ev, Seen) and ev.site in self._cut_probes:
+            probe = self._cut_probes.pop(ev.site)
+            r = self.book.active
+            if r is not None and (r.name, r.version) == (probe.name, probe.version) and r.step is Step.PROBE:
+                log.info("%s: site %s is back: running the held-out batch again", r.label, ev.site)
+                out.append(probe)
+        return out
 
     def _scan(self, now: float) -> list[Command]:
         """Releases the ServerApp (or ``fogline sites release``) put in the outbox since the last look."""
@@ -235,7 +301,7 @@ class SiteService:
                     blob = b""
                 self.links[c.site].submit(RunProbe(c.name, c.version, c.workloads, blob, self.table.policy))
             elif isinstance(c, Restore):
-                self._execute(self.book.handle(self._restore(c), time.monotonic()))
+                self._execute(self.book.handle(self._restore(c), self._now()))
 
     def _frame(self, site: str, name: str, version: int) -> bytes:
         """The outbox release signed by ``site``'s coordinator identity (cached while it is in use)."""
@@ -281,12 +347,8 @@ class SiteService:
 
     def _mark_fast(self) -> None:
         r = self.book.active
-        want: set[str] = set()
-        if r is not None:
-            if r.step is Step.ROLLING:
-                want.add(r.order[r.next_site])
-            else:
-                want.add(r.canary)
+        awaited = self._awaited()
+        want: set[str] = {awaited} if awaited is not None else set()
         for name, link in self.links.items():
             link.fast = name in want
             if name in want and r is not None and r.step is Step.BASELINE:

@@ -125,6 +125,7 @@ class _Attempt:
     accepted: list[str] = field(default_factory=list)
     failure: str = ""
     answered: int = 0
+    sites: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> its "site-*" metrics (two-level)
 
 
 class RobustStrategy(Strategy):
@@ -309,7 +310,8 @@ class RobustStrategy(Strategy):
         rng = np.random.default_rng([self.seed, server_round, number])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         att.sent = {n: eligible[n] for n in picked}
-        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        # round-timeout: how long this round waits, so a site (bridge) answers before the cloud gives up
+        cfg = ConfigRecord({**dict(config), "server-round": server_round, "round-timeout": float(self.round_timeout)})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
         ttl = max(self.round_timeout + self.grace + 30.0, 60.0)
         return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(server_round),
@@ -351,6 +353,7 @@ class RobustStrategy(Strategy):
         att = self._attempt if self._attempt is not None and self._attempt.server_round == server_round else (
             _Attempt(server_round, 1))
         att.rejected, att.accepted, att.failure = {}, [], ""
+        att.sites = {}
         good: list[tuple[str, int, list[np.ndarray], float, RecordDict]] = []
         seen: set[int] = set()
         n_replies = 0
@@ -369,6 +372,10 @@ class RobustStrategy(Strategy):
                 continue
             node, device, views, count = got
             good.append((device, node, views, count, msg.content))
+            site = {k: float(v) for rec in msg.content.metric_records.values() for k, v in rec.items()
+                    if k.startswith("site-") and isinstance(v, (int, float)) and math.isfinite(v)}
+            if site:  # a site's own counts (fog_broker.hierarchy.bridge): kept per site, not medianed away
+                att.sites[device] = site
         att.answered = n_replies
         good.sort(key=lambda g: (g[0], g[1]))  # device-id order: arrival order never matters
         metrics = self._round_metrics(att, len(good), n_replies)
@@ -651,8 +658,22 @@ class RobustStrategy(Strategy):
             atomic_write(self.work_dir / REPORT_FILE, json.dumps(doc, indent=1, default=float).encode())
         return result
 
+    def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,
+                    wait: float | None = None) -> tuple[ArrayRecord | None, MetricRecord | None, dict[str, Any]]:
+        """One robust training round on ``grid`` outside ``start`` (a fog site's half of a two-level round).
+
+        (aggregate or None, metrics, entry): ``entry`` names the clients, the accepted, the rejected
+        with reasons and, when the round could not aggregate, why (``skipped``). Never stops a run:
+        too few clients is this round's failure, not the configuration's.
+        """
+        entry: dict[str, Any] = {"round": server_round}
+        new, metrics = self._train_round(grid, server_round, arrays, train_config,
+                                         self.round_timeout if wait is None else wait, entry, fatal=False)
+        return new, metrics, entry
+
     def _train_round(self, grid: Grid, rnd: int, arrays: ArrayRecord, train_config: ConfigRecord,
-                     wait: float, entry: dict[str, Any]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+                     wait: float, entry: dict[str, Any], *,
+                     fatal: bool = True) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Up to ``max_attempts`` attempts; a round that cannot aggregate keeps the model and goes on."""
         metrics: MetricRecord | None = None
         failures: list[str] = []
@@ -675,11 +696,13 @@ class RobustStrategy(Strategy):
                           "rejected": dict(att.rejected), "attempt": number,
                           "refused_nodes": {str(k): v for k, v in att.refused.items()},
                           "no_reply": sorted(set(att.sent.values()) - set(att.accepted) - set(att.rejected))})
+            if att.sites:
+                entry["sites"] = dict(att.sites)
             if new is not None:
                 return new, metrics
             failures.append(att.failure)
             log.warning("round %d attempt %d failed: %s", rnd, number, att.failure)
-        if too_few == self.max_attempts:
+        if too_few == self.max_attempts and fatal:
             # Never enough clients for this rule and f: that is the configuration, not an attack.
             raise self._fail(f"round {rnd}: {failures[-1]}; lower f, use another rule or add clients")
         entry["skipped"] = failures[-1] if failures else "no attempt"

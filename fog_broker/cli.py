@@ -18,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the fog broker's commands to the ``fogline`` parser."""
     _add_place(subparsers)
     __import__("fog_broker.service_cli", fromlist=["register_service"]).register_service(subparsers)
+    __import__("fog_broker.hierarchy.cli", fromlist=["register"]).register(subparsers)
 
 
 # --- place ----------------------------------------------------------------------------------

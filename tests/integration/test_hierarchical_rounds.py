@@ -1,0 +1,168 @@
+"""Two-level rounds on real Flower: a cloud SuperLink whose SuperNodes are sites, each site a SuperLink of devices.
+
+Three sites (``fogline site-aggregator``) with three or four device SuperNodes, all
+authenticated with Flower's SuperNode keys over TLS, the digits app:
+
+* site-a has a device that sends NaN updates: the site rejects it by reason,
+  and the cloud's round report says so under site-a;
+* site-b has a sign-flipping device: the site's trimmed mean outvotes it;
+* site-c is a Byzantine site (its bridge flips the sign of its aggregate):
+  the cloud's rule (median over sites) outvotes it.
+
+The model still learns (central accuracy). The sites reach the cloud only
+through a counting proxy (the WAN); the bytes it saw are printed (with a
+model this small, Flower's polling, heartbeats and the app's FAB dominate;
+``fogline bench hierarchy`` compares the update bytes of flat and two-level
+rounds).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
+
+from _coordinator import VENV_BIN, Deployment, kill_tree
+
+from cloud_coordinator.app import bundled_app
+from runtime.broker import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
+SITES = ("site-a", "site-b", "site-c")
+DEVICES = {"site-a": 4, "site-b": 3, "site-c": 3}  # site-a: 3 usable besides its NaN device (trimmed mean, f=1)
+ROUNDS = 3
+
+
+class CountingProxy:
+    """TCP proxy in front of the cloud SuperLink: every byte between the sites and the cloud is counted."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.up = 0
+        self.down = 0
+        self.lock = threading.Lock()
+        self.stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        self.srv.settimeout(0.5)
+        while not self.stop:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                continue
+            try:
+                s = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                c.close()
+                continue
+            threading.Thread(target=self._pipe, args=(c, s, "up"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket, way: str) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                with self.lock:
+                    setattr(self, way, getattr(self, way) + len(data))
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for x in (a, b):
+                try:
+                    x.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop = True
+        self.srv.close()
+
+
+def _site(dep: Deployment, site: str, first: int, cloud_port: int, procs: list[subprocess.Popen[bytes]],
+          attacks: dict[int, str], bridge_attack: str = "") -> Path:
+    work = dep.root / site
+    keys = dep.root / "site-keys" / site
+    for i in range(DEVICES[site]):
+        dev = f"{site}-dev-{i}"
+        assert dep.fogline("supernodes", "keygen", "--out", str(keys / dev)).returncode == 0
+        assert dep.fogline("supernodes", "add", dev, str(keys / dev / "supernode.pub"), "--checkpoint-dir",
+                           str(work)).returncode == 0
+    port = free_port()
+    argv = [str(VENV_BIN / "fogline"), "-v", "site-aggregator", "--app", str(bundled_app("digits")),
+            "--work-dir", str(work), "--site", site, "--listen", f"127.0.0.1:{port}", "--rule", "trimmed_mean",
+            "--f", "1", "--round-timeout", "45", "--grace", "2", "--cloud", f"127.0.0.1:{cloud_port}",
+            "--cloud-ca", str(dep.ck / "superlink-tls" / "ca.pem"), "--cloud-key", str(dep.keys[site])]
+    if bridge_attack:
+        argv += ["--cloud-node-config", f"byzantine='{bridge_attack}'"]
+    with open(dep.root / f"{site}.log", "wb") as log:
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dep.env,
+                                      start_new_session=True))
+    dep.wait_file(work / "superlink.json", 90)
+    n = sum(DEVICES.values())
+    for i in range(DEVICES[site]):
+        dev = f"{site}-dev-{i}"
+        attack = f" byzantine='{attacks[i]}'" if i in attacks else ""
+        cmd = [str(VENV_BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
+               "--root-certificates", str(work / "superlink-tls" / "ca.pem"),
+               "--auth-supernode-private-key", str(keys / dev / "supernode.key"),
+               "--node-config", f"partition-id={first + i} num-partitions={n}{attack}"]
+        with open(dep.root / f"{dev}.log", "wb") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          env={**dep.env, "FLWR_HOME": str(dep.root / f"home-{dev}")},
+                                          start_new_session=True))
+    return work
+
+
+def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: Path) -> None:
+    dep = Deployment(tmp_path)
+    proxy = CountingProxy(dep.port)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for s in SITES:
+            dep.authorize(s)  # the cloud authorizes each site's SuperNode key, under the site's name
+        n = sum(DEVICES.values())
+        coord = dep.coordinator("--app", str(bundled_app("digits")), "--hierarchical", "--rounds", str(ROUNDS),
+                                "--rule", "median", "--f", "1", "--num-partitions", str(n),
+                                "--round-timeout", "90", "--grace", "2", "--timeout", "400", "--seed", "7",
+                                "--local-epochs", "3")
+        dep.wait_file(dep.ck / "superlink.json", 60)
+        attacks = {"site-a": {2: "nan"}, "site-b": {0: "sign-flip"}, "site-c": {}}
+        first = 0
+        for s in SITES:
+            _site(dep, s, first, proxy.port, procs, attacks[s], "sign-flip" if s == "site-c" else "")
+            first += DEVICES[s]
+        code = dep.wait_exit(coord, 400)
+        assert code == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
+        rep = json.loads((dep.ck / "report.json").read_text())
+        hist = rep["history"]
+        assert [h["round"] for h in hist] == list(range(1, ROUNDS + 1))
+        for h in hist:
+            assert h["clients"] == list(SITES), h  # the cloud's clients are the sites, by authenticated key
+            sites = h["sites"]
+            assert set(sites) == set(SITES)
+            # site-a: its NaN device rejected by reason at the site, reported to the cloud
+            assert sites["site-a"]["site-clients"] == DEVICES["site-a"]
+            assert sites["site-a"]["site-rejected"] >= 1
+            assert any(k.startswith("site-rejected-") and "finite" in k for k in sites["site-a"]), sites["site-a"]
+            assert sites["site-b"]["site-clients"] == DEVICES["site-b"]
+        acc = hist[-1]["server"]["accuracy"]
+        assert acc > 0.8, hist  # a sign-flipping device, a NaN device and a sign-flipping site: still learns
+        # Every byte between the sites and the cloud went through the proxy (the WAN); per-device traffic never did.
+        assert proxy.up > 0 and proxy.down > 0
+        per_round = (proxy.up + proxy.down) / ROUNDS
+        print(f"\nWAN bytes per round {per_round:.0f} (up {proxy.up}, down {proxy.down}); accuracy {acc:.3f}; "
+              f"round s {[round(x, 1) for x in rep['round_s']]}")
+    finally:
+        for p in procs:
+            kill_tree(p)
+        dep.close()
+        proxy.close()
