@@ -403,14 +403,14 @@ class CoordinatorWatch:
             return {}
         out: dict[tuple[int, int], Any] = {}
         for i, d in enumerate(store.dirs):
-            for r in store._rounds_in(d):
+            for r in store.rounds_in(d):
                 stem = d / f"ckpt-{r:08d}"
                 stats = (_stat(stem.with_suffix(".json")), _stat(stem.with_suffix(".bin")))
                 hit = self._files.get((i, r))
                 if hit is not None and hit[0] == stats:
                     out[(i, r)] = hit[1]
                     continue
-                entry, payload = store._verify(i, r)
+                entry, payload = store.verify(i, r)
                 if not entry.ok and _stat(stem.with_suffix(".json")) is None:
                     continue  # pruned (or a save that missed its quorum removed it) while we looked
                 if entry.ok and payload is not None and entry.sha256 not in self._meta:

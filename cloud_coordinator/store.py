@@ -225,7 +225,8 @@ class CheckpointStore:
         return SaveReport(ckpt.server_round, tuple(written), failed, len(payload),
                           time.perf_counter() - t0)
 
-    def _rounds_in(self, d: Path) -> list[int]:
+    def rounds_in(self, d: Path) -> list[int]:
+        """Rounds with a checkpoint file in replica directory ``d`` (unverified), oldest first."""
         try:
             return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
         except OSError:
@@ -239,7 +240,7 @@ class CheckpointStore:
                 pass
 
     def _prune(self, d: Path) -> None:
-        for r in to_prune(self._rounds_in(d), self.policy.keep):
+        for r in to_prune(self.rounds_in(d), self.policy.keep):
             self._remove(d, r)
         for stray in d.glob(".ckpt-*.tmp-*"):
             try:
@@ -247,7 +248,8 @@ class CheckpointStore:
             except OSError:
                 pass
 
-    def _verify(self, i: int, server_round: int) -> tuple[ReplicaEntry, bytes | None]:
+    def verify(self, i: int, server_round: int) -> tuple[ReplicaEntry, bytes | None]:
+        """Replica ``i``'s checkpoint of ``server_round`` checked as a resume checks it (entry, payload or None)."""
         d = self.dirs[i]
         bin_name, json_name = self._names(server_round)
 
@@ -283,7 +285,7 @@ class CheckpointStore:
 
     def scan(self) -> ScanReport:
         """Verify every checkpoint in every replica (reads and hashes each payload)."""
-        entries = [self._verify(i, r)[0] for i, d in enumerate(self.dirs) for r in self._rounds_in(d)]
+        entries = [self.verify(i, r)[0] for i, d in enumerate(self.dirs) for r in self.rounds_in(d)]
         return ScanReport(tuple(entries))
 
     def load_latest(self, config_hash: str | None = None) -> tuple[Checkpoint | None, ScanReport]:
@@ -291,7 +293,7 @@ class CheckpointStore:
         report = self.scan()
         entries = list(report.entries)
         while (best := choose_resume(entries, config_hash, self.quorum)) is not None:
-            entry, payload = self._verify(best.replica, best.server_round)
+            entry, payload = self.verify(best.replica, best.server_round)
             if payload is not None and entry.sha256 == best.sha256:
                 try:
                     return Checkpoint.from_payload(payload), report
