@@ -48,6 +48,7 @@ __all__ = [
     "Step", "TERMINAL", "RolloutPolicy", "WorkloadView", "SiteView", "site_view", "ProbeSample", "compare_outputs",
     "judge_probe", "NewRelease", "Seen", "Lost", "ProbeDone", "Restored", "RestoreFailed", "Publish", "Probe",
     "Restore", "Note", "SiteStep", "Rollout", "RolloutBook", "model_ref", "ROLLBACK_KEY", "RESTORES_KEY",
+    "RolloutClock", "awaited_site", "OUTAGE_GRACE_S",
 ]
 
 ROLLBACK_KEY = "rollback-of"   # release metadata of a rollback: the version it undoes
@@ -91,6 +92,7 @@ class RolloutPolicy:
     site_timeout_s: float = 30.0       # each other site lists the new version
     rollback_timeout_s: float = 60.0   # the canary lists the rollback version
     publish_retry_s: float = 10.0      # republish (not retained: a fog that was away missed it)
+    outage_grace_s: float = 3600.0     # a cut of the awaited site holds the clock this long per outage (RolloutClock)
     latency_factor: float = 3.0        # p50 may be this many times the plan's prediction ...
     latency_slack_s: float = 0.05      # ... plus this (the MQTT hops a cost model leaves out)
     rtol: float = 1e-4                 # outputs against the coordinator's own onnxruntime run (fp32)
@@ -860,3 +862,38 @@ class RolloutBook:
             self.rollouts = [x for x in self.rollouts if id(x) not in drop]
         level = "info" if step is Step.DONE else "warning"
         return [Note(f"{r.label}: {step.value}" + (f": {reason}" if reason else ""), level)]
+
+
+OUTAGE_GRACE_S = RolloutPolicy.outage_grace_s  # the longest cut a rollout waits out per outage
+
+
+class RolloutClock:
+    """The rollout book's ``now``: monotonic time less the time the awaited site was cut off.
+
+    Each outage is left out up to ``grace_s`` (so every wait stays bounded: a site cut off for
+    good times out ``grace_s`` later than it would have). Continuous and never decreasing, so
+    the book's ``since``/``last_publish`` stamps stay comparable across a cut.
+    """
+
+    def __init__(self, grace_s: float = OUTAGE_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self.left_out = 0.0              # outage time of closed outages not counted
+        self._open: float | None = None  # when the current outage began
+
+    def now(self, mono: float, cut: bool) -> float:
+        """The book's time at monotonic ``mono``; ``cut``: the site the rollout waits on is cut off now."""
+        if cut and self._open is None:
+            self._open = mono
+        elif not cut and self._open is not None:
+            self.left_out += min(mono - self._open, self.grace_s)
+            self._open = None
+        held = min(mono - self._open, self.grace_s) if self._open is not None else 0.0
+        return mono - self.left_out - held
+
+
+def awaited_site(book: "RolloutBook") -> str | None:
+    """The site the active rollout waits on (the canary, or the site it is rolling out to)."""
+    r = book.active
+    if r is None:
+        return None
+    return r.order[r.next_site] if r.step is Step.ROLLING and r.next_site < len(r.order) else r.canary

@@ -56,18 +56,19 @@ from .rollout import (
     Restored,
     RestoreFailed,
     RolloutBook,
+    RolloutClock,
     Seen,
     Step,
+    awaited_site,
 )
 from .settings import RELEASES_DIR
 from .sitelink import ProbeCut, RunProbe, SendRelease, SiteLink
 from .sites import ROLLOUTS_FILE, STATUS_FILE, SiteTable, summaries_dir_of
 
-__all__ = ["SiteService", "RolloutClock", "PUBLISHED_FILE", "load_book", "OUTAGE_GRACE_S"]
+__all__ = ["SiteService", "PUBLISHED_FILE", "load_book"]
 
 log = logging.getLogger("fogline.sites")
 PUBLISHED_FILE = "published.json"
-OUTAGE_GRACE_S = 3600.0   # the longest cut a rollout waits out per outage; after that its timeouts run again
 _SIGNED_KEYS = ("workload", "version", "format")  # build_release sets these itself
 
 
@@ -91,35 +92,11 @@ def load_book(work_dir: Path, table: SiteTable) -> tuple[RolloutBook, set[str] |
                              "rollout history") from None
 
 
-class RolloutClock:
-    """The rollout book's ``now``: monotonic time less the time the awaited site was cut off.
-
-    Each outage is left out up to ``grace_s`` (so every wait stays bounded: a site cut off for
-    good times out ``grace_s`` later than it would have). Continuous and never decreasing, so
-    the book's ``since``/``last_publish`` stamps stay comparable across a cut.
-    """
-
-    def __init__(self, grace_s: float = OUTAGE_GRACE_S) -> None:
-        self.grace_s = grace_s
-        self.left_out = 0.0              # outage time of closed outages not counted
-        self._open: float | None = None  # when the current outage began
-
-    def now(self, mono: float, cut: bool) -> float:
-        """The book's time at monotonic ``mono``; ``cut``: the site the rollout waits on is cut off now."""
-        if cut and self._open is None:
-            self._open = mono
-        elif not cut and self._open is not None:
-            self.left_out += min(mono - self._open, self.grace_s)
-            self._open = None
-        held = min(mono - self._open, self.grace_s) if self._open is not None else 0.0
-        return mono - self.left_out - held
-
-
 class SiteService:
     """Starts the links and the owner thread; ``drain`` waits for rollouts, ``stop`` saves and closes."""
 
     def __init__(self, work_dir: Path, table: SiteTable, signer: Identity, *, insecure: bool = False,
-                 poll_s: float = 5.0, fast_poll_s: float = 0.5, outage_grace_s: float = OUTAGE_GRACE_S) -> None:
+                 poll_s: float = 5.0, fast_poll_s: float = 0.5, outage_grace_s: float | None = None) -> None:
         self.work = work_dir
         self.outbox = work_dir / RELEASES_DIR
         self.table = table
@@ -130,7 +107,7 @@ class SiteService:
         self.links = {s.name: SiteLink(s, summaries_dir_of(work_dir, s.name), self.events, insecure=insecure,
                                        poll_s=poll_s, fast_poll_s=fast_poll_s) for s in table.sites}
         self.notes: list[tuple[str, str]] = []
-        self.clock = RolloutClock(outage_grace_s)
+        self.clock = RolloutClock(table.policy.outage_grace_s if outage_grace_s is None else outage_grace_s)
         self._cut_probes: dict[str, Probe] = {}   # site -> the held-out batch a cut interrupted (run again)
         self.failures = 0             # exceptions in the owner loop (logged)
         self._frames: dict[tuple[str, str, int], bytes] = {}
@@ -229,11 +206,7 @@ class SiteService:
             self._save()
 
     def _awaited(self) -> str | None:
-        """The site the active rollout waits on (the canary, or the site it is rolling out to)."""
-        r = self.book.active
-        if r is None:
-            return None
-        return r.order[r.next_site] if r.step is Step.ROLLING and r.next_site < len(r.order) else r.canary
+        return awaited_site(self.book)
 
     def _now(self) -> float:
         """The book's time: it stands still while the awaited site is cut off (``RolloutClock``)."""

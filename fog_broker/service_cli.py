@@ -74,6 +74,8 @@ def register_service(sub: Any) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("--offset", type=int, default=0, help="first device to list (devices are paged)")
     s.add_argument("--limit", type=int, default=None, help="devices per page (1000)")
+    s.add_argument("--coordinator", type=Path, default=None, metavar="CKPT",
+                   help="every site of the coordinator whose checkpoint dir is CKPT (= fogline sites status)")
     s.set_defaults(func=_cmd_status)
 
     d = sub.add_parser("deploy", help="submit workloads (JSON as in COST_MODEL.md) to a fog broker")
@@ -415,6 +417,10 @@ def render_status(st: dict[str, Any]) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    if args.coordinator is not None:  # the coordinator's view of every site, not one fog's
+        from cloud_coordinator.sites_cli import status_cmd
+
+        return status_cmd(argparse.Namespace(checkpoint_dir=args.coordinator, names=[], json=args.json))
     with _client(args) as c:
         st = c.status(offset=args.offset, limit=args.limit)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -13,6 +14,8 @@ def _simulate(args: argparse.Namespace) -> int:
     from .scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    if scenario.sites or args.sites:
+        return _simulate_sites(args, scenario)
     print(f"simulating {scenario.name}: {scenario.devices} devices, {len(scenario.workloads)} workloads, "
           f"{(args.duration or scenario.duration_s) / 3600:.2f} simulated hours ...", file=sys.stderr)
     result = run_scenario(scenario, clock=time.perf_counter, duration_s=args.duration)
@@ -34,10 +37,51 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_sites(args: argparse.Namespace, scenario: Any) -> int:
+    import time
+
+    from .multisite import run_multisite
+
+    n = args.sites or scenario.sites.get("count")
+    print(f"simulating {scenario.name}: {n} sites x {scenario.devices} devices, {len(scenario.workloads)} workloads "
+          f"per site, {(args.duration or scenario.duration_s) / 3600:.2f} simulated hours ...", file=sys.stderr)
+    result = run_multisite(scenario, clock=time.perf_counter, duration_s=args.duration, sites=args.sites)
+    s = result.summary()
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    pl, rp, sm = s["placements_per_site"], s["repairs_per_site"], s["summaries"]
+    print(f"{s['sites']} sites, {s['devices']} devices: {s['sim_hours']} simulated hours in {s['wall_s']} s "
+          f"({s['cpu_s']} s CPU), {s['events']} events ({s['events_per_wall_s']}/s), {s['adverts']} adverts, "
+          f"peak RSS {s['peak_rss_mb']} MB")
+    print(f"crashes {s['crashes']}; placements per site p50 {pl.get('p50')} (max {pl.get('max')}), repairs per site "
+          f"p50 {rp.get('p50')} (max {rp.get('max')}, total {rp.get('total')}); workloads running "
+          f"{s['workloads_running']}/{s['workloads']}")
+    print(f"summaries: {sm.get('sent', 0)} sent, {sm.get('queued', 0)} queued while cut, {sm.get('drained', 0)} "
+          f"drained on restore, {sm.get('waiting', 0)} still waiting")
+    for c in s["cuts"]:
+        if c["restored_at_s"] is None:
+            print(f"  {c['site']} cut at {c['cut_at_s']:g} s, still cut: {c['queued']} summaries waiting")
+        else:
+            print(f"  {c['site']} cut {c['cut_at_s']:g}-{c['restored_at_s']:g} s: {c['queued']} summaries queued, "
+                  f"{c['drained']} drained on restore, {c['repairs_while_cut']} repairs while cut")
+    ro = s["rollout"]
+    if ro:
+        print(f"rollout {ro['release']} (canary {ro.get('canary')}, check {ro.get('canary_check')}): {ro['step']}"
+              f"{': ' + ro['reason'] if ro.get('reason') else ''}")
+        if ro.get("timeline"):
+            print(f"  released at {ro['released_at_s']:g} s; {ro['sites_accepted']} sites accepted (last at "
+                  f"{ro['last_accepted_s']} s), {ro['sites_switched']} switched (last at {ro['last_switched_s']} s); "
+                  f"finished at {ro['finished_at_s']} s")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="run a scenario on the discrete-event engine (pure cores)")
-    sim.add_argument("scenario", help="a scenario TOML file or a built-in name (site-200, city-10k)")
+    sim.add_argument("scenario", help="a scenario TOML file or a built-in name (site-200, city-10k, hundred-sites)")
     sim.add_argument("--duration", type=float, default=None, help="override the simulated seconds")
+    sim.add_argument("--sites", type=int, default=None,
+                     help="override the number of sites of a multi-site scenario ([sites] table)")
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_simulate)
     register_demo(subparsers)

@@ -67,6 +67,7 @@ class SimConfig:
     duration_s: float = 3600.0
     state_interval_s: float = 10.0
     deploy_delay_s: float = 0.2        # send -> ack (artifact transfer + session load)
+    undeploy_delay_s: float = 0.05     # send -> unloaded (then advertised at once)
     will_delay_s: float = 0.05         # crash -> the broker publishes the Will
     hang_fraction: float = 0.0         # share of failures that hang (detected by deadline only)
     failure: FailureModel | None = None
@@ -163,6 +164,12 @@ class FleetSim:
         self._mass_hit: list[Any] = []  # the Assignment objects on the crashed devices
         self._mass_workloads: list[str] = []
         self._mass_solves = 0
+        self._token = 0
+        self._wall0 = 0.0
+        self.now = 0.0
+        #: Called with ``now`` after every reconcile until they return True (the multi-site engine
+        #: times a version switch to the event that completed it).
+        self.watchers: list[Callable[[float], bool]] = []
 
     def _timed_schedule(self, *args: Any, **kw: Any) -> Any:
         t0 = self._clock()
@@ -177,11 +184,17 @@ class FleetSim:
 
     def _used(self, dev: SimDevice) -> float:
         total = 0.0
+        ctl = self.controller
         for key in dev.partitions:
-            entry = self.controller.workloads.get(key[0])
-            a = self.controller.assignments.get(key)
-            if entry is not None and entry.spec.profile is not None and a is not None:
-                total += entry.spec.profile.memory_of(a.first, a.last)
+            entry = ctl.workloads.get(key[0])
+            a = ctl.assignments.get(key)
+            spec = entry.spec if entry is not None else None
+            if a is None and ctl.switches:  # an old version that still serves (or drains) during a switch
+                sw = ctl.switches.get(key[0])
+                a = sw.parts.get(key) if sw is not None else None
+                spec = (sw.specs.get(key[1]) or sw.spec) if sw is not None else None
+            if spec is not None and spec.profile is not None and a is not None:
+                total += spec.profile.memory_of(a.first, a.last)
         return total
 
     def _apply(self, cmds: Sequence[Any], now: float) -> None:
@@ -189,11 +202,7 @@ class FleetSim:
             if isinstance(cmd, DeployPartition):
                 self._push(now + self.config.deploy_delay_s, "deploy", cmd)
             elif isinstance(cmd, UndeployPartition):
-                dev = self.devices.get(cmd.device)
-                if dev is not None:
-                    if dev.partitions.pop((cmd.workload, cmd.version, cmd.replica, cmd.index), None):
-                        dev.state = None
-                        self._dirty = True
+                self._push(now + self.config.undeploy_delay_s, "undeploy", cmd)
 
     def _advert(self, dev: SimDevice, now: float) -> None:
         self.adverts += 1
@@ -225,9 +234,10 @@ class FleetSim:
         wl = self.controller.workloads
         self._up = {w.name: w.name in wl and wl[w.name].status in ("running", "degraded") for w in self.workloads}
 
-    def run(self) -> SimResult:
+    def start(self) -> None:
+        """Births, first failures, the workloads and the periodic events, all at t = 0."""
         cfg = self.config
-        wall0 = self._clock()
+        self._wall0 = self._clock()
         for dev in self.devices.values():
             self.registry.handle(dev.birth(), 0.0)
             if cfg.failure is not None:
@@ -236,66 +246,36 @@ class FleetSim:
                     self._push(down, "crash", dev.device_id)
         for w in self.workloads:
             self.controller.set_workload(w, 1)
-        token = 0
-        self._push(0.0, "reconcile", token)
+        self._push(0.0, "reconcile", self._token)
         self._push(cfg.state_interval_s, "adverts")
         self._push(cfg.battery_interval_s, "battery")
         if cfg.mass_failure_at_s is not None:
             self._push(cfg.mass_failure_at_s, "mass_failure")
-        now = 0.0
-        while self._heap:
-            now, _, kind, payload = heapq.heappop(self._heap)
-            if now > cfg.duration_s:
-                now = cfg.duration_s
-                break
-            self.events += 1
-            self._track_availability(now)
-            if kind == "adverts":
-                for dev in self.devices.values():
-                    if dev.alive:
-                        self._advert(dev, now)
-                for cmd in self.registry.tick(now):
-                    self._dirty = True
-                    if isinstance(cmd, DeviceLost):
-                        self.controller.device_lost(cmd.device_id, now)
-                self._push(now + cfg.state_interval_s, "adverts")
-            elif kind == "deploy":
-                cmd = payload
-                dev = self.devices.get(cmd.device)
-                if dev is None or not dev.alive:
-                    continue  # lost with the device: the controller's ack deadline handles it
-                key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
-                dev.partitions[key] = PartitionStatus(cmd.workload, cmd.version, cmd.replica, cmd.index,
-                                                      "0" * 64, "running")
-                dev.state = None
-                self._apply(self.controller.ack(cmd.command_id, dev.device_id, True, "", now), now)
-                self._advert(dev, now)  # a partition set change is a significant change
-            elif kind == "crash":
-                self._crash(self.devices[payload], now)
-            elif kind == "will":
-                dev_id, epoch = payload
-                self._dirty = True
-                for cmd in self.registry.handle(DeviceDeath(dev_id, epoch), now):
-                    if isinstance(cmd, DeviceLost):
-                        self.controller.device_lost(cmd.device_id, now)
-            elif kind == "recover":
-                self._recover(self.devices[payload], now)
-            elif kind == "battery":
-                self._batteries(now)
-                self._push(now + cfg.battery_interval_s, "battery")
-            elif kind == "mass_failure":
-                self._mass_failure(now)
-            if kind == "reconcile" and payload != token:
-                continue  # superseded by a later schedule
-            # reconcile after every event, as the broker's owner thread does after each inbox item
-            self._reconcile(now)
-            if self._mass_hit:
-                self._mass_check(now)
-            deadline = min(self.controller.next_deadline(), now + self.controller.config.replan_interval_s)
-            token += 1
-            self._push(max(deadline, now + 0.01), "reconcile", token)
+
+    def inject(self, at: float, action: Callable[[float], Any]) -> None:
+        """Run ``action(now)`` at simulated time ``at`` (an input from outside the site: a release,
+        a fault); it is followed by a reconcile, like any item of the broker's inbox."""
+        self._push(at, "call", action)
+
+    def advance(self, until: float) -> int:
+        """Process every event at or before ``until`` (capped at the duration); returns how many."""
+        until = min(until, self.config.duration_s)
+        heap, n = self._heap, 0
+        while heap and heap[0][0] <= until:
+            self._step()
+            n += 1
+        return n
+
+    def run(self) -> SimResult:
+        self.start()
+        self.advance(self.config.duration_s)
+        return self.finish()
+
+    def finish(self) -> SimResult:
+        """The result at the end of the run (the duration, or the last event if the heap ran dry)."""
+        now = self.config.duration_s if self._heap else self.now
         self._track_availability(now)
-        wall = self._clock() - wall0
+        wall = self._clock() - self._wall0
         return SimResult(
             sim_s=now, wall_s=wall, events=self.events, adverts=self.adverts, crashes=self.crashes,
             recoveries_s=list(self.controller.recoveries),
@@ -304,6 +284,76 @@ class FleetSim:
             workload_status={n: e.status for n, e in self.controller.workloads.items()},
             availability={w: (t / now if now else 0.0) for w, t in self._up_total.items()},
             counters=dict(self.controller.counters), mass_failure=dict(self.mass))
+
+    def _step(self) -> None:
+        cfg = self.config
+        now, _, kind, payload = heapq.heappop(self._heap)
+        self.now = now
+        self.events += 1
+        self._track_availability(now)
+        if kind == "adverts":
+            handle, n = self.registry.handle, 0
+            for d in self.devices.values():  # _advert inlined: 1,000s of devices every interval
+                if d.alive:
+                    n += 1
+                    state = d.state
+                    if state is None or state.epoch != d.epoch:
+                        state = d.state_advert(self._used(d))
+                        self._dirty = True
+                    handle(state, now)
+            self.adverts += n
+            for cmd in self.registry.tick(now):
+                self._dirty = True
+                if isinstance(cmd, DeviceLost):
+                    self.controller.device_lost(cmd.device_id, now)
+            self._push(now + cfg.state_interval_s, "adverts")
+        elif kind == "deploy":
+            cmd = payload
+            dev = self.devices.get(cmd.device)
+            if dev is None or not dev.alive:
+                return  # lost with the device: the controller's ack deadline handles it
+            key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
+            dev.partitions[key] = PartitionStatus(cmd.workload, cmd.version, cmd.replica, cmd.index,
+                                                  "0" * 64, "running")
+            dev.state = None
+            self._apply(self.controller.ack(cmd.command_id, dev.device_id, True, "", now), now)
+            self._advert(dev, now)  # a partition set change is a significant change
+        elif kind == "undeploy":
+            host = self.devices.get(payload.device)
+            if host is None or not host.alive or host.partitions.pop(
+                    (payload.workload, payload.version, payload.replica, payload.index), None) is None:
+                return  # nothing changed on the device
+            host.state = None
+            self._advert(host, now)  # as an agent does: a partition set change is advertised at once
+        elif kind == "crash":
+            self._crash(self.devices[payload], now)
+        elif kind == "will":
+            dev_id, epoch = payload
+            self._dirty = True
+            for cmd in self.registry.handle(DeviceDeath(dev_id, epoch), now):
+                if isinstance(cmd, DeviceLost):
+                    self.controller.device_lost(cmd.device_id, now)
+        elif kind == "recover":
+            self._recover(self.devices[payload], now)
+        elif kind == "battery":
+            self._batteries(now)
+            self._push(now + cfg.battery_interval_s, "battery")
+        elif kind == "mass_failure":
+            self._mass_failure(now, payload)
+        elif kind == "call":
+            self._dirty = True
+            self._apply(payload(now) or (), now)
+        if kind == "reconcile" and payload != self._token:
+            return  # superseded by a later schedule
+        # reconcile after every event, as the broker's owner thread does after each inbox item
+        self._reconcile(now)
+        if self._mass_hit:
+            self._mass_check(now)
+        if self.watchers:
+            self.watchers = [w for w in self.watchers if not w(now)]
+        deadline = min(self.controller.next_deadline(), now + self.controller.config.replan_interval_s)
+        self._token += 1
+        self._push(max(deadline, now + 0.01), "reconcile", self._token)
 
     def _crash(self, dev: SimDevice, now: float) -> None:
         if not dev.alive:
@@ -317,11 +367,16 @@ class FleetSim:
         if self.config.failure is not None:
             self._push(now + self.rng.expovariate(1.0 / self.config.failure.mttr_s), "recover", dev.device_id)
 
-    def _mass_failure(self, now: float) -> None:
+    def mass_failure(self, now: float, fraction: float) -> None:
+        """Crash ``fraction`` of the fleet now (the busiest host among them) and time the repair."""
+        self._mass_failure(now, fraction)
+
+    def _mass_failure(self, now: float, fraction: float | None = None) -> None:
         cfg = self.config
         pick = random.Random(cfg.seed * 1_000_003 + 17)  # its own stream: the victims do not depend on history
         ids = sorted(self.devices)
-        count = min(len(ids), round(cfg.mass_failure_fraction * len(ids)))
+        share = cfg.mass_failure_fraction if fraction is None else fraction
+        count = min(len(ids), round(share * len(ids)))
         # The scheduler packs work onto the few best devices, so a uniform sample of 10 % usually
         # misses every host and measures nothing: the most loaded host is always among the victims
         # (a worst case for re-placement), the rest are drawn uniformly.

@@ -37,6 +37,8 @@ class Scenario:
     hang_fraction: float
     workloads: list[dict[str, Any]]
     federated: dict[str, Any] = field(default_factory=dict)
+    #: ``[sites]``: run ``fleet`` once per site under one coordinator (``simulations.multisite``).
+    sites: dict[str, Any] = field(default_factory=dict)
 
     def rng(self) -> random.Random:
         return random.Random(self.seed)
@@ -107,4 +109,5 @@ def load_scenario(path: str | Path) -> Scenario:
         failure=failure, hang_fraction=float(fail.get("hang_fraction", 0.0)) if fail else 0.0,
         workloads=_expand_workloads(_get(doc, "workloads", list, [], where=""), devices),
         federated=dict(doc.get("federated", {})),
+        sites=dict(_get(doc, "sites", dict, {}, where="")),
     )

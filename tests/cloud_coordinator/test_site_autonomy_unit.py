@@ -29,7 +29,8 @@ from cloud_coordinator.rollout import (
 )
 from cloud_coordinator.sitelink import ProbeCut, SiteLink
 from cloud_coordinator.sites import SiteSpec, resolve
-from cloud_coordinator.siteservice import RolloutClock, SiteService
+from cloud_coordinator.rollout import RolloutClock
+from cloud_coordinator.siteservice import SiteService
 from edge_agent.testing import FogSigner
 from runtime.security import Identity
 

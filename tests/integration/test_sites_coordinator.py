@@ -65,6 +65,8 @@ def test_coordinator_serves_two_sites_with_staged_releases(tmp_path: Path) -> No
         doc = json.loads(st.stdout)
         assert [s["name"] for s in doc["sites"]] == ["b", "a"]
         assert all(s["releases"] == {"digits": 2} and s["summary_at"] for s in doc["sites"])
+        same = dep.fogline("status", "--coordinator", str(dep.ck), "--json")  # the spelling of it
+        assert same.returncode == 0 and [s["name"] for s in json.loads(same.stdout)["sites"]] == ["b", "a"]
     finally:
         dep.close()
         for s in sites.values():
