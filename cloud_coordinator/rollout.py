@@ -48,7 +48,7 @@ __all__ = [
     "Step", "TERMINAL", "RolloutPolicy", "WorkloadView", "SiteView", "site_view", "ProbeSample", "compare_outputs",
     "judge_probe", "NewRelease", "Seen", "Lost", "ProbeDone", "Restored", "RestoreFailed", "Publish", "Probe",
     "Restore", "Note", "SiteStep", "Rollout", "RolloutBook", "model_ref", "ROLLBACK_KEY", "RESTORES_KEY",
-    "RolloutClock", "awaited_site", "OUTAGE_GRACE_S",
+    "RolloutClock", "awaited_site", "held_site", "OUTAGE_GRACE_S",
 ]
 
 ROLLBACK_KEY = "rollback-of"   # release metadata of a rollback: the version it undoes
@@ -389,7 +389,7 @@ Command = Publish | Probe | Restore | Note
 
 @dataclass(slots=True)
 class SiteStep:
-    """One site within a rollout: waiting, published, accepted, refused, timeout or skipped."""
+    """One site within a rollout: waiting, published, accepted, refused, timeout, catching up or skipped."""
 
     state: str = "waiting"
     detail: str = ""
@@ -554,7 +554,7 @@ class RolloutBook:
         if isinstance(ev, Seen):
             self.views[ev.site] = ev.view
             self.errors.pop(ev.site, None)
-            return self._seen(ev.site, ev.view, now)
+            return self._catch_up(ev.site, ev.view, now) + self._seen(ev.site, ev.view, now)
         r = self.active
         if r is None or (ev.name, ev.version) != (r.name, r.version):
             return []  # about a rollout that already moved on (a late probe, a restore after a restart)
@@ -708,6 +708,32 @@ class RolloutBook:
                 r.next_site += 1
                 return [Note(f"{r.label}: site {site} refused it: {why}", "warning")] + self._advance(r, now)
         return []
+
+    def _catch_up(self, site: str, view: SiteView, now: float) -> list[Command]:
+        """A site that was away when a release went out (timed out, skipped) gets it once it answers again.
+
+        Only releases whose rollout finished (``DONE``: checked at the canary) and only the newest
+        of each name; republished every ``publish_retry_s`` until the site lists it.
+        """
+        out: list[Command] = []
+        for r in self.rollouts:
+            if r.step is not Step.DONE or self.good.get(r.name) != r.version:
+                continue
+            st = r.sites.get(site)
+            if st is None or st.state not in ("timeout", "catching up"):
+                continue
+            rel = view.releases.get(r.name)
+            if rel is not None and rel[0] >= r.version:
+                st.state, st.detail = "accepted", "caught up after it was away"
+                self.dirty = True
+                out.append(Note(f"{r.label}: site {site} caught up"))
+            elif now - st.last_publish >= self.policy.publish_retry_s:
+                if st.state != "catching up":
+                    out.append(Note(f"{r.label}: site {site} answers again: publishing it there"))
+                st.state, st.detail, st.last_publish = "catching up", "published when it answered again", now
+                self.dirty = True
+                out.append(Publish(site, r.name, r.version))
+        return out
 
     def _baseline(self, r: Rollout, view: SiteView, now: float) -> list[Command]:
         rel = view.releases.get(r.name)
@@ -889,6 +915,14 @@ class RolloutClock:
             self._open = None
         held = min(mono - self._open, self.grace_s) if self._open is not None else 0.0
         return mono - self.left_out - held
+
+
+def held_site(book: "RolloutBook") -> str | None:
+    """The site whose cut holds the rollout clock: the canary, while its check runs (nothing can go on
+    without it). A site cut while the release rolls on to the others times out and is skipped; it
+    catches up when it answers again (``RolloutBook._catch_up``), so one cut site never holds a fleet."""
+    r = book.active
+    return r.canary if r is not None and r.step is not Step.ROLLING else None
 
 
 def awaited_site(book: "RolloutBook") -> str | None:

@@ -13,13 +13,15 @@ links' events and the outbox's new releases, with ``time.monotonic()`` as
   rollback gets past fogs that accept only increasing versions.
 
 Site autonomy: the book's clock (``RolloutClock``) stands still while the
-site the active rollout waits on is cut off (it answered, then its link went
-quiet), up to ``outage_grace_s`` per outage. A WAN cut is no verdict on a
-release: without this a cut longer than a step's timeout would fail a
-release the site never saw, or roll back one it had accepted. The release
-and the site's acknowledgement (its ``status`` listing the version) go
-through once the link is back; a held-out batch the cut interrupted
-(``ProbeCut``) is run again then.
+canary under check is cut off (it answered, then its link went quiet), up to
+``outage_grace_s`` per outage. A WAN cut is no verdict on a release: without
+this a cut longer than a step's timeout would fail a release the canary
+never saw, or roll back one it had accepted. The release and the canary's
+acknowledgement (its ``status`` listing the version) go through once the
+link is back; a held-out batch the cut interrupted (``ProbeCut``) is run
+again then. A site cut while the release rolls on to the others is not
+waited for: it times out, the others get the release, and it catches up
+when it answers again (``RolloutBook._catch_up``).
 
 After every change the book is saved (``CKPT/rollouts.json``, atomically):
 a restarted coordinator resumes a rollout where it stopped.
@@ -60,6 +62,7 @@ from .rollout import (
     Seen,
     Step,
     awaited_site,
+    held_site,
 )
 from .settings import RELEASES_DIR
 from .sitelink import ProbeCut, RunProbe, SendRelease, SiteLink
@@ -209,8 +212,8 @@ class SiteService:
         return awaited_site(self.book)
 
     def _now(self) -> float:
-        """The book's time: it stands still while the awaited site is cut off (``RolloutClock``)."""
-        site = self._awaited()
+        """The book's time: it stands still while the canary under check is cut off (``RolloutClock``)."""
+        site = held_site(self.book)
         link = self.links.get(site) if site is not None else None
         return self.clock.now(time.monotonic(), link is not None and link.cut_since is not None)
 

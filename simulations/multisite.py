@@ -45,6 +45,7 @@ from cloud_coordinator.rollout import (
     Seen,
     Step,
     awaited_site,
+    held_site,
     model_ref,
     site_view,
 )
@@ -94,8 +95,8 @@ class MultiSiteSim:
         self.events = 0
 
     def _now(self, t: float) -> float:
-        """The book's time, as ``SiteService`` gives it: standing still while the awaited site is cut off."""
-        site = awaited_site(self.book)
+        """The book's time, as ``SiteService`` gives it: standing still while the canary under check is cut off."""
+        site = held_site(self.book)
         return self.book_clock.now(t, site is not None and site in self.sites and not self.sites[site].link.up)
 
     def _push(self, t: float, kind: str, payload: Any = None) -> None:

@@ -401,3 +401,41 @@ def test_notes_say_what_happened() -> None:
     assert "m v2: staged rollout: canary a, then b" in texts
     assert "m v2: published to canary a (it runs v1; it serves w from the release)" in texts
     assert texts[-1] == "m v2: rolled out to a, b"
+
+
+def test_a_site_that_timed_out_catches_up_when_it_answers_again() -> None:
+    h = harness(site_timeout_s=30.0, publish_retry_s=10.0)
+    for s in [rel(2), Seen("a", BASE), Seen("a", SWITCHED), ProbeDone("m", 2, ok())]:
+        h(s)
+    h(31.0)  # b never answered: timed out, the release goes on to c
+    h(Seen("c", view(2)))
+    r = h.book.find("m", 2)
+    assert r is not None and r.step is Step.DONE and r.sites["b"].state == "timeout"
+    before = len(h.published)
+    h(Seen("b", view(1)))  # b is back, still on v1: published there again
+    assert h.published[before:] == [("b", 2)] and r.sites["b"].state == "catching up"
+    h(Seen("b", view(1)))  # not before publish_retry_s
+    assert h.published[before:] == [("b", 2)]
+    h(11.0)
+    h(Seen("b", view(1)))
+    assert h.published[before:] == [("b", 2), ("b", 2)]
+    h(Seen("b", view(2)))
+    assert r.sites["b"].state == "accepted" and "caught up" in r.sites["b"].detail
+    assert any("site b caught up" in n.text for n in h.of(Note))
+    h(Seen("b", view(2)))  # nothing more to do
+    assert h.published[before:] == [("b", 2), ("b", 2)]
+
+
+def test_catch_up_never_pushes_a_release_the_site_refused() -> None:
+    h = harness(site_timeout_s=30.0)
+    for s in [rel(2), Seen("b", view(1)), Seen("a", BASE), Seen("a", SWITCHED), ProbeDone("m", 2, ok())]:
+        h(s)
+    h(Seen("b", view(1, refusals={"release:bad signature": 1})))  # b refused v2
+    h(31.0)   # c timed out
+    r2 = h.book.find("m", 2)
+    assert r2 is not None and r2.sites["b"].state == "refused" and r2.sites["c"].state == "timeout"
+    before = len(h.published)
+    h(Seen("b", view(1, refusals={"release:bad signature": 1})))
+    assert h.published[before:] == []  # a refusal is the site's verdict: not pushed again
+    h(Seen("c", view(1)))
+    assert h.published[before:] == [("c", 2)]

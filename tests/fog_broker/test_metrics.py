@@ -503,7 +503,8 @@ def _unit(path: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("name,env_file", [("fogline-broker", "broker.env.example"),
-                                           ("fogline-agent", "agent.env.example")])
+                                           ("fogline-agent", "agent.env.example"),
+                                           ("fogline-site-aggregator", "site-aggregator.env.example")])
 def test_systemd_units_are_hardened_and_run_real_commands(name: str, env_file: str, tmp_path: Path) -> None:
     import shlex
     import shutil
@@ -521,7 +522,7 @@ def test_systemd_units_are_hardened_and_run_real_commands(name: str, env_file: s
     argv = shlex.split(u["ExecStart"][0].replace("%H", "pi-barn-1").replace(f"${var}", env[var]))
     assert argv[0] == "/opt/fogline/venv/bin/fogline"
     args = _fogline_args(argv[1:])
-    assert str(args.data_dir).startswith("/var/lib/fogline/")
+    assert str(getattr(args, "data_dir", None) or args.work_dir).startswith("/var/lib/fogline/")
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze not installed: parsed by hand only")
