@@ -175,12 +175,21 @@ class SiteLink:
                 cmd = None
             if cmd is _STOP:
                 break
+            # One failed command or poll is that command's failure: the link thread keeps the site watched
+            # (a dead thread would leave a rollout waiting on a site nobody polls any more).
             if cmd is not None:
-                self._do(cmd)
+                try:
+                    self._do(cmd)
+                except Exception:
+                    log.exception("site %s: %s failed", self.site.name, type(cmd).__name__)
                 continue
             if self.client is not None and (time.monotonic() >= next_poll or self.poll_now.is_set()):
                 self.poll_now.clear()
-                self._poll()
+                try:
+                    self._poll()
+                except Exception as exc:
+                    log.exception("site %s: status poll failed", self.site.name)
+                    self._lost(f"status poll failed: {type(exc).__name__}: {exc}")
                 next_poll = time.monotonic() + (self.fast_poll_s if self.fast else self.poll_s)
 
     def _poll(self) -> None:

@@ -149,7 +149,10 @@ class PublishHandle:
                 time.sleep(0.01)  # not yet queued to the socket (offline); paho raises then
                 continue
             return bool(self._info.is_published())
-        return bool(self._info.is_published())
+        try:
+            return bool(self._info.is_published())
+        except (ValueError, RuntimeError):
+            return False  # published while offline (paho raises for MQTT_ERR_NO_CONN): not acknowledged
 
 
 Handler = Callable[[Inbound], None]

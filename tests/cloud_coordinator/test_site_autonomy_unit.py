@@ -158,3 +158,27 @@ def test_service_pauses_for_the_awaited_site_and_reruns_a_cut_probe(table: Any, 
     assert Probe("a", "m", 2, ("w",)) in out
     assert not any(isinstance(c, Probe) for c in svc._event(Seen("a", SiteView())))   # once
     assert svc._event(ProbeCut("a", "m", 1)) == [] and not svc._cut_probes           # another rollout's: ignored
+
+
+def test_a_failing_command_or_poll_does_not_kill_the_link_thread(table: Any, tmp_path: Path) -> None:
+    events: queue.Queue[Any] = queue.Queue()
+    link = SiteLink(table.sites[0], tmp_path / "summaries", events)
+    done: list[str] = []
+
+    def do(cmd: Any) -> None:
+        if cmd == "boom":
+            raise RuntimeError("Message publish failed: The client is not currently connected")
+        done.append(cmd)
+
+    link._do = do  # type: ignore[method-assign]
+    link._connect = lambda: False  # type: ignore[method-assign]  # the site stays away
+    link.start()
+    try:
+        link.commands.put("boom")
+        link.commands.put("after")
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done == ["after"] and link._thread.is_alive()
+    finally:
+        link.stop()

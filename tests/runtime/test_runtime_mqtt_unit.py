@@ -25,3 +25,16 @@ def test_stop_before_start_is_a_no_op() -> None:
     c.stop()
     c.stop()
     assert not c.connected
+
+
+def test_wait_on_a_publish_made_while_offline_times_out_false() -> None:
+    """A QoS 1 publish on a connection paho knows is down (rc MQTT_ERR_NO_CONN, kept queued) is 'not
+    acknowledged' at the timeout: paho raises from is_published() for it, which once killed the
+    coordinator's link thread of a site whose WAN link was cut (benchmarks/sites_scale_bench.py)."""
+    import paho.mqtt.client as paho
+
+    from runtime.mqtt import PublishHandle
+
+    info = paho.MQTTMessageInfo(1)
+    info.rc = paho.MQTT_ERR_NO_CONN
+    assert PublishHandle(info).wait(0.05) is False
