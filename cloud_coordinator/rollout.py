@@ -725,6 +725,9 @@ class RolloutBook:
             rel = view.releases.get(r.name)
             if rel is not None and rel[0] >= r.version:
                 st.state, st.detail = "accepted", "caught up after it was away"
+                bad = [f"{s}: {r.sites[s].state} ({r.sites[s].detail})" for s in r.order
+                       if r.sites[s].state != "accepted"]
+                r.reason = f"not on {'; '.join(bad)}" if bad else ""   # what is still missing, not history
                 self.dirty = True
                 out.append(Note(f"{r.label}: site {site} caught up"))
             elif now - st.last_publish >= self.policy.publish_retry_s:

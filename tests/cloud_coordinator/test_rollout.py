@@ -439,3 +439,13 @@ def test_catch_up_never_pushes_a_release_the_site_refused() -> None:
     assert h.published[before:] == []  # a refusal is the site's verdict: not pushed again
     h(Seen("c", view(1)))
     assert h.published[before:] == [("c", 2)]
+
+
+def test_a_caught_up_site_leaves_the_rollouts_reason() -> None:
+    h = harness(site_timeout_s=30.0)
+    for s in [rel(2), Seen("a", BASE), Seen("a", SWITCHED), ProbeDone("m", 2, ok()), 31.0, Seen("c", view(2))]:
+        h(s)
+    r = h.book.find("m", 2)
+    assert r is not None and "b: timeout" in r.reason
+    h(Seen("b", view(2)))
+    assert r.reason == ""

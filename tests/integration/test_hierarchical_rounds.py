@@ -7,7 +7,9 @@ authenticated with Flower's SuperNode keys over TLS, the digits app:
   and the cloud's round report says so under site-a;
 * site-b has a sign-flipping device: the site's trimmed mean outvotes it;
 * site-c is a Byzantine site (its bridge flips the sign of its aggregate):
-  the cloud's rule (median over sites) outvotes it.
+  the cloud's rule (median over sites) outvotes it;
+* site-b's whole aggregator is killed with -9 after round 1 and restarted:
+  the run finishes with site-b and all its devices back.
 
 The model still learns (central accuracy). The sites reach the cloud only
 through a counting proxy (the WAN); the bytes it saw are printed (with a
@@ -87,8 +89,9 @@ class CountingProxy:
         self.srv.close()
 
 
-def _site(dep: Deployment, site: str, first: int, cloud_port: int, procs: list[subprocess.Popen[bytes]],
-          attacks: dict[int, str], bridge_attack: str = "") -> Path:
+def _site(dep: Deployment, site: str, cloud_port: int, procs: list[subprocess.Popen[bytes]],
+          bridge_attack: str = "") -> int:
+    """The site's device keys, authorized at the site, and its aggregator started (not waited for)."""
     work = dep.root / site
     keys = dep.root / "site-keys" / site
     for i in range(DEVICES[site]):
@@ -97,16 +100,16 @@ def _site(dep: Deployment, site: str, first: int, cloud_port: int, procs: list[s
         assert dep.fogline("supernodes", "add", dev, str(keys / dev / "supernode.pub"), "--checkpoint-dir",
                            str(work)).returncode == 0
     port = free_port()
-    argv = [str(VENV_BIN / "fogline"), "-v", "site-aggregator", "--app", str(bundled_app("digits")),
-            "--work-dir", str(work), "--site", site, "--listen", f"127.0.0.1:{port}", "--rule", "trimmed_mean",
-            "--f", "1", "--round-timeout", "45", "--grace", "2", "--cloud", f"127.0.0.1:{cloud_port}",
-            "--cloud-ca", str(dep.ck / "superlink-tls" / "ca.pem"), "--cloud-key", str(dep.keys[site])]
-    if bridge_attack:
-        argv += ["--cloud-node-config", f"byzantine='{bridge_attack}'"]
-    with open(dep.root / f"{site}.log", "wb") as log:
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dep.env,
-                                      start_new_session=True))
-    dep.wait_file(work / "superlink.json", 90)
+    _aggregator(dep, site, port, cloud_port, procs, bridge_attack, wait=False)
+    return port
+
+
+def _devices(dep: Deployment, site: str, port: int, first: int, attacks: dict[int, str],
+             procs: list[subprocess.Popen[bytes]]) -> None:
+    """The site's device SuperNodes, once its SuperLink has registered their keys."""
+    work = dep.root / site
+    keys = dep.root / "site-keys" / site
+    dep.wait_file(work / "superlink.json", 120)
     n = sum(DEVICES.values())
     for i in range(DEVICES[site]):
         dev = f"{site}-dev-{i}"
@@ -119,7 +122,25 @@ def _site(dep: Deployment, site: str, first: int, cloud_port: int, procs: list[s
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           env={**dep.env, "FLWR_HOME": str(dep.root / f"home-{dev}")},
                                           start_new_session=True))
-    return work
+
+
+def _aggregator(dep: Deployment, site: str, port: int, cloud_port: int, procs: list[subprocess.Popen[bytes]],
+                bridge_attack: str = "", *, wait: bool = True) -> subprocess.Popen[bytes]:
+    work = dep.root / site
+    ready = work / "superlink.json"
+    ready.unlink(missing_ok=True)
+    argv = [str(VENV_BIN / "fogline"), "-v", "site-aggregator", "--app", str(bundled_app("digits")),
+            "--work-dir", str(work), "--site", site, "--listen", f"127.0.0.1:{port}", "--rule", "trimmed_mean",
+            "--f", "1", "--round-timeout", "45", "--grace", "2", "--cloud", f"127.0.0.1:{cloud_port}",
+            "--cloud-ca", str(dep.ck / "superlink-tls" / "ca.pem"), "--cloud-key", str(dep.keys[site])]
+    if bridge_attack:
+        argv += ["--cloud-node-config", f"byzantine='{bridge_attack}'"]
+    with open(dep.root / f"{site}.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dep.env, start_new_session=True)
+    procs.append(proc)
+    if wait:
+        dep.wait_file(ready, 120)
+    return proc
 
 
 def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: Path) -> None:
@@ -132,14 +153,22 @@ def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: 
         n = sum(DEVICES.values())
         coord = dep.coordinator("--app", str(bundled_app("digits")), "--hierarchical", "--rounds", str(ROUNDS),
                                 "--rule", "median", "--f", "1", "--num-partitions", str(n),
-                                "--round-timeout", "90", "--grace", "2", "--timeout", "400", "--seed", "7",
+                                "--round-timeout", "60", "--grace", "2", "--timeout", "400", "--seed", "7",
                                 "--local-epochs", "3")
         dep.wait_file(dep.ck / "superlink.json", 60)
         attacks = {"site-a": {2: "nan"}, "site-b": {0: "sign-flip"}, "site-c": {}}
+        ports = {s: _site(dep, s, proxy.port, procs, "sign-flip" if s == "site-c" else "") for s in SITES}
         first = 0
-        for s in SITES:
-            _site(dep, s, first, proxy.port, procs, attacks[s], "sign-flip" if s == "site-c" else "")
+        for s in SITES:  # the three sites start side by side; devices join each once its SuperLink is ready
+            _devices(dep, s, ports[s], first, attacks[s], procs)
             first += DEVICES[s]
+        # kill -9 of a whole site aggregator (SuperLink, site server, cloud SuperNode) after round 1, and a restart
+        # the way systemd restarts it: the cloud retries, the site's devices reconnect, nothing else changes
+        dep.wait_file(dep.ck / "ckpt-00000001.json", 300)
+        victim = next(p for p in procs if "site-aggregator" in p.args and "site-b" in p.args)  # type: ignore[operator]
+        kill_tree(victim)
+        procs.remove(victim)
+        _aggregator(dep, "site-b", ports["site-b"], proxy.port, procs)
         code = dep.wait_exit(coord, 400)
         assert code == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
         rep = json.loads((dep.ck / "report.json").read_text())
@@ -154,6 +183,7 @@ def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: 
             assert sites["site-a"]["site-rejected"] >= 1
             assert any(k.startswith("site-rejected-") and "finite" in k for k in sites["site-a"]), sites["site-a"]
             assert sites["site-b"]["site-clients"] == DEVICES["site-b"]
+        assert hist[-1]["sites"]["site-b"]["site-clients"] == DEVICES["site-b"]  # back, with all its devices
         acc = hist[-1]["server"]["accuracy"]
         assert acc > 0.8, hist  # a sign-flipping device, a NaN device and a sign-flipping site: still learns
         # Every byte between the sites and the cloud went through the proxy (the WAN); per-device traffic never did.
