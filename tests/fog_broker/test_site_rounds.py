@@ -181,3 +181,21 @@ def test_stage_replaces_a_component_with_a_shim_flower_can_find(tmp_path: Path) 
 def test_spool_module_has_no_flower_import() -> None:
     src = Path(spool_mod.__file__).read_text()
     assert "flwr" not in src  # the fog host's hand-off needs no Flower
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--cloud", "127.0.0.1:9"], "--cloud needs --cloud-ca"),
+    (["--cloud", "127.0.0.1:9", "--cloud-ca", "/nonexistent/ca.pem", "--cloud-key", "/nonexistent/k"],
+     "--cloud-ca /nonexistent/ca.pem does not exist"),
+    (["--rule", "nope"], "unknown aggregation rule 'nope'"),
+    (["--listen", "0.0.0.0:9", "--no-supernode-auth"], "refused for SuperLink address 0.0.0.0"),
+    (["--site", "a b"], "site name 'a b'"),
+])
+def test_site_aggregator_bad_input_is_one_line(extra: list[str], message: str, tmp_path: Path) -> None:
+    import subprocess
+
+    argv = [str(Path(sys.executable).parent / "fogline"), "site-aggregator", "--app", str(REPO / "examples" / "digits"),
+            "--work-dir", str(tmp_path / "w"), "--site", "s1", *extra]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
