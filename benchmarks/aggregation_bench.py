@@ -1,6 +1,7 @@
 """Aggregation rules vs Flower's on the same data: time, peak memory, distance exactness.
 
-    python -m benchmarks.aggregation_bench [--quick]
+    python -m benchmarks.aggregation_bench [--quick] [--rules krum,multi_krum]
+    fogline bench aggregation [--quick] [--rules ...]
 
 Two measurements. "from replies" is what a ServerApp pays: n Flower reply
 Messages (each an ArrayRecord of 3 layers, float32) to the aggregated
@@ -12,11 +13,16 @@ a stacked (n, d) update matrix against Flower's aggregation functions.
 
 Prints JSON on stdout and writes out/bench/aggregation.json. BLAS and OpenMP are
 pinned to one thread (environment variables set before numpy is imported, plus
-threadpoolctl when it is installed), so both sides run single-threaded. Timings
-are the best of ``--repeat`` runs, Fogline's and Flower's interleaved so both
-see the same background load (the 1-minute load average is recorded). Peak
-extra memory is tracemalloc's peak (numpy reports its buffers to tracemalloc)
-in a separate, untimed run.
+threadpoolctl when it is installed), so Flower's code runs single-threaded.
+Fogline's column passes (Gram matrices, weighted sums) run on
+``aggregation.workers()`` threads, each calling that single-threaded BLAS (the
+usable cores, at most 4, when BLAS is pinned; ``FOGLINE_AGG_THREADS`` overrides):
+``fogline_s`` / ``speedup`` are that default, and ``fogline_1w_s`` /
+``speedup_1w`` the same code on one worker (``FOGLINE_AGG_THREADS=1``, every
+core but one idle), so neither figure hides the other. Timings are the best of
+``--repeat`` runs, the variants interleaved so all see the same background load
+(the 1-minute load average is recorded). Peak extra memory is tracemalloc's
+peak (numpy reports its buffers to tracemalloc) in a separate, untimed run.
 """
 from __future__ import annotations
 
@@ -39,8 +45,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cloud_coordinator import aggregation as agg  # noqa: E402
-from benchmarks._emit import emit
-
+from benchmarks._emit import emit  # noqa: E402
 
 
 def _thread_limit() -> tuple[contextlib.AbstractContextManager[Any], str]:
@@ -60,6 +65,20 @@ def make_updates(n: int, d: int, f: int, seed: int = 0) -> np.ndarray:
         x[i] = g + rng.standard_normal(d, dtype=np.float32) * np.float32(2e-4)
     x[n - f:] = -4.0 * g  # sign-flipped, scaled Byzantine rows
     return x
+
+
+@contextlib.contextmanager
+def _one_worker() -> Any:
+    """Fogline's column passes on one thread (``FOGLINE_AGG_THREADS=1``) inside the block."""
+    old = os.environ.get("FOGLINE_AGG_THREADS")
+    os.environ["FOGLINE_AGG_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FOGLINE_AGG_THREADS", None)
+        else:
+            os.environ["FOGLINE_AGG_THREADS"] = old
 
 
 def _best(fn: Callable[[], object], repeat: int) -> float:
@@ -178,7 +197,8 @@ def reply_messages(x: np.ndarray, glob: np.ndarray) -> tuple[Any, list[Any]]:
     return record(glob), msgs
 
 
-def from_replies(x: np.ndarray, f: int, m: int, repeat: int) -> list[dict[str, Any]]:
+def from_replies(x: np.ndarray, f: int, m: int, repeat: int,
+                 only: set[str] | None = None) -> list[dict[str, Any]]:
     """Flower reply Messages -> aggregate: RobustStrategy.aggregate_train vs Flower's strategies."""
     import logging
 
@@ -194,18 +214,28 @@ def from_replies(x: np.ndarray, f: int, m: int, repeat: int) -> list[dict[str, A
               "multi_krum": lambda: MultiKrum(num_malicious_nodes=f, num_nodes_to_select=m),
               "bulyan": lambda: Bulyan(num_malicious_nodes=f)}
     rows = []
+    multi = agg.workers() > 1
     for name, make in flower.items():
-        ours_t, theirs_t = float("inf"), float("inf")
+        if only is not None and name not in only:
+            continue
+        ours_t, ours1_t, theirs_t = float("inf"), float("inf"), float("inf")
         kw = {"rule_options": {"m": m}} if name == "multi_krum" else {}
-        for _ in range(repeat):
+
+        def run_ours(name: str = name, kw: dict[str, Any] = kw) -> float:
             arrays, msgs = reply_messages(x, glob)
             s = RobustStrategy(name, f=0 if name == "mean" else f, min_train_nodes=1, **kw)
             s.prepare(arrays)
             t0 = time.perf_counter()
             out, _ = s.aggregate_train(1, msgs)
-            ours_t = min(ours_t, time.perf_counter() - t0)
+            t = time.perf_counter() - t0
             assert out is not None
-            del msgs
+            return t
+
+        for _ in range(repeat):
+            ours_t = min(ours_t, run_ours())
+            if multi:
+                with _one_worker():
+                    ours1_t = min(ours1_t, run_ours())
             _, msgs = reply_messages(x, glob)
             strat = make()
             t0 = time.perf_counter()
@@ -214,12 +244,15 @@ def from_replies(x: np.ndarray, f: int, m: int, repeat: int) -> list[dict[str, A
             del msgs
         row = {"rule": name, "fogline_s": round(ours_t, 4), "flower_s": round(theirs_t, 4),
                "speedup": round(theirs_t / ours_t, 2)}
+        if multi:
+            row.update(fogline_1w_s=round(ours1_t, 4), speedup_1w=round(theirs_t / ours1_t, 2))
         rows.append(row)
         print(json.dumps({"from_replies": row}), file=sys.stderr)
     return rows
 
 
-def run(quick: bool, repeat: int) -> dict[str, Any]:
+def run(quick: bool, repeat: int, only: set[str] | None = None,
+        replies_repeat: int | None = None) -> dict[str, Any]:
     n, f, m = 50, 10, 30
     d = 100_000 if quick else 1_000_000
     x = make_updates(n, d, f)
@@ -228,29 +261,40 @@ def run(quick: bool, repeat: int) -> dict[str, Any]:
     with limit:
         fl = flower_baselines(x, f, m)
         mine = ours(x, f, m)
+        nworkers = agg.workers()
         read_once = _best(lambda: x.sum(axis=0, dtype=np.float64), repeat)
         rows = []
         for name, fn in mine.items():
-            # Interleave the two sides so both see the same background load.
-            t, tf = float("inf"), float("inf")
+            if only is not None and name not in only:
+                continue
+            # Interleave the variants so all see the same background load.
+            t, t1, tf = float("inf"), float("inf"), float("inf")
             for _ in range(repeat):
                 t = min(t, _best(fn, 1))
+                if nworkers > 1:
+                    with _one_worker():
+                        t1 = min(t1, _best(fn, 1))
                 if name in fl:
                     tf = min(tf, _best(fl[name], 1))
             peak = _peak(fn)
             row: dict[str, Any] = {"rule": name, "fogline_s": round(t, 4),
                                    "peak_extra_bytes": peak,
                                    "peak_extra_x_input": round(peak / x.nbytes, 3)}
+            if nworkers > 1:
+                row["fogline_1w_s"] = round(t1, 4)
             if name in fl:
                 row.update(flower_s=round(tf, 4), speedup=round(tf / t, 2),
                            flower_peak_extra_x_input=round(_peak(fl[name]) / x.nbytes, 3))
+                if nworkers > 1:
+                    row["speedup_1w"] = round(tf / t1, 2)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
         exact = distance_exactness(20, 20_000 if quick else 200_000)
-        replies = from_replies(x, f, m, max(2, repeat // 2))
+        replies = from_replies(x, f, m, replies_repeat or max(2, repeat // 2), only)
     return {
         "benchmark": "aggregation", "quick": quick, "n": n, "d": d, "f": f, "multi_krum_m": m,
         "dtype": "float32", "input_bytes": int(x.nbytes), "threads": pin,
+        "fogline_workers": nworkers, "cores": len(os.sched_getaffinity(0)),
         "one_read_of_data_s": round(read_once, 4), "repeat": repeat,
         "load_average_1min_start_end": [load0, round(os.getloadavg()[0], 2)],
         "numpy": np.__version__, "python": platform.python_version(),
@@ -272,8 +316,13 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="d=100,000 instead of 1,000,000")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--replies-repeat", type=int, default=None,
+                    help="runs per rule from replies (default: max(2, repeat // 2))")
+    ap.add_argument("--rules", default="",
+                    help="comma-separated rules to time (default: all), e.g. krum,multi_krum")
     args = ap.parse_args(argv)
-    result = run(args.quick, args.repeat)
+    only = {r.strip() for r in args.rules.split(",") if r.strip()} or None
+    result = run(args.quick, args.repeat, only, args.replies_repeat)
     emit("aggregation", result)
     return 0
 

@@ -7,6 +7,7 @@ clocks; randomness only through an injected ``np.random.Generator``.
 from __future__ import annotations
 
 from ._errors import AggregationError
+from ._parallel import workers
 from ._result import AggregateResult
 from .clipping import norm_clip, row_norms
 from .distances import direct_sq_distances, pairwise_sq_distances
@@ -24,5 +25,5 @@ __all__ = [
     "PREAGGREGATORS", "RULES", "bucketing", "bulyan", "centered_clipping", "coordinate_median",
     "describe", "direct_sq_distances", "geometric_median", "get_rule", "krum", "krum_scores",
     "mean", "multi_krum", "nnm", "norm_clip", "pairwise_sq_distances", "robust_default",
-    "row_norms", "trimmed_mean",
+    "row_norms", "trimmed_mean", "workers",
 ]

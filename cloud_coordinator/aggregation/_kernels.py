@@ -3,19 +3,22 @@
 Every rule touches the data in one or two passes of column chunks sized to stay
 in cache (about 2 MB of float64 per chunk), so no pass allocates O(n*d) and none
 builds n*n*d temporaries. Accumulation is float64 whatever the input dtype.
+Column blocks of a pass run on ``_parallel.workers()`` threads (each with its own
+scratch block); results do not depend on how many.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ._parallel import blocks, run_blocks
 from ._rows import RowStack
 from ._validate import NonFinite
 
 __all__ = [
     "chunk_len", "chunks", "centered_gram", "gram_to_sqdist", "combine", "sorted_chunks",
-    "sorted_rows", "mix",
+    "sorted_rows", "mix", "map_sorted_chunks", "map_sorted_rows",
 ]
 
 _CHUNK_BYTES = 1 << 21
@@ -45,29 +48,41 @@ def centered_gram(
     Distances between rows, and between affine combinations of rows, are invariant
     to it, while the Gram entries shrink to the spread of the updates: that is what
     keeps ||a||^2 + ||b||^2 - 2ab accurate when the updates are close.
+
+    Column blocks run on ``_parallel.workers()`` threads; block Grams are summed in
+    block order, so the result does not depend on the thread count.
     """
     d = x.shape[1]
     n = x.shape[0] if rows is None else rows.size
     k = 0 if extra is None else extra.shape[0]
     m = n + k
-    g = np.zeros((m, m))
     step = chunk_len(m)
-    buf = np.empty((m, step))
-    avg = np.full(n, 1.0 / n, dtype=x.dtype)
+
+    def make() -> Callable[[int, int], np.ndarray]:
+        buf = np.empty((m, step))  # one cache-sized float64 scratch block per worker
+        avg = np.full(n, 1.0 / n, dtype=x.dtype)
+        return lambda lo, hi: _gram_span(x, extra, rows, center_row, buf, avg, n, lo, hi, step)
+
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf: detected after the loop
-        _gram_loop(x, extra, rows, center_row, g, buf, avg, n, d, step)
+        parts = run_blocks(blocks(d, step), make)
+        g = parts[0]
+        for p in parts[1:]:
+            g += p
     if not np.isfinite(np.trace(g)):
         raise NonFinite
     return g
 
 
-def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
-               center_row: int | None, g: np.ndarray, buf: np.ndarray, avg: np.ndarray,
-               n: int, d: int, step: int) -> None:
+def _gram_span(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
+               center_row: int | None, buf: np.ndarray, avg: np.ndarray,
+               n: int, lo: int, hi: int, step: int) -> np.ndarray:
+    """Gram matrix of the centred columns [lo, hi), chunk by chunk through ``buf``."""
+    m = buf.shape[0]
+    g = np.zeros((m, m))
     stack = isinstance(x, RowStack)
     avg64 = avg.astype(np.float64)
-    for s in range(0, d, step):
-        e = min(d, s + step)
+    for s in range(lo, hi, step):
+        e = min(hi, s + step)
         b = buf[:, : e - s]
         if stack:  # read the clients' buffers straight into the float64 block
             if center_row is None and x.center is not None:  # centred while read: one pass
@@ -81,7 +96,7 @@ def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
                     b[n:] = extra[:, s:e]
                 c = b[center_row].copy() if center_row is not None else avg64 @ b[:n]
                 b -= c
-            g += b @ b.T
+            g += b @ b.T  # numpy calls BLAS syrk for a product with its own transpose
             continue
         xs = x[:, s:e] if rows is None else x[rows, s:e]
         # The centre is computed in the input precision (a fast gemv); the float64
@@ -93,6 +108,7 @@ def _gram_loop(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
             b[n:] = extra[:, s:e]
         b -= c
         g += b @ b.T
+    return g
 
 
 def gram_to_sqdist(g: np.ndarray) -> np.ndarray:
@@ -114,22 +130,36 @@ def combine(
     alpha = np.asarray(alpha, dtype=np.float64)
     nz = np.flatnonzero(alpha)
     a_nz = alpha[nz]
-    # Only the rows with a non-zero coefficient are converted to float64 (into one
-    # cache-sized buffer, row by row: no float32 gather temporary), then one gemv.
-    buf = np.empty((max(nz.size, 1), chunk_len(max(nz.size, 1))))
-    for sl in chunks(d, max(nz.size, 1)):
-        if nz.size:
-            b = buf[:, : sl.stop - sl.start]
-            if nz.size == n:
-                b[...] = x[:, sl]
-            else:
-                for r, i in enumerate(nz):
-                    b[r] = x[i, sl]
-            np.dot(a_nz, b, out=out[sl])
-        else:
-            out[sl] = 0.0
-        if extra is not None and extra_alpha is not None:
-            out[sl] += extra_alpha @ extra[:, sl]
+    rows = None if nz.size == n else [int(i) for i in nz]
+    step = chunk_len(max(nz.size, 1))
+    stack = x if isinstance(x, RowStack) else None
+
+    def make() -> Callable[[int, int], None]:
+        # Only the rows with a non-zero coefficient are converted to float64 (into one
+        # cache-sized buffer per worker, read straight from the rows), then one gemv.
+        buf = np.empty((max(nz.size, 1), step))
+
+        def work(lo: int, hi: int) -> None:
+            for s in range(lo, hi, step):
+                sl = slice(s, min(hi, s + step))
+                if nz.size:
+                    b = buf[:, : sl.stop - sl.start]
+                    if stack is not None:
+                        stack.read(rows, sl.start, sl.stop, b)
+                    elif rows is None:
+                        b[...] = x[:, sl]
+                    else:
+                        for r, i in enumerate(nz):
+                            b[r] = x[i, sl]
+                    np.dot(a_nz, b, out=out[sl])
+                else:
+                    out[sl] = 0.0
+                if extra is not None and extra_alpha is not None:
+                    out[sl] += extra_alpha @ extra[:, sl]
+        return work
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        run_blocks(blocks(d, step), make)
     if not np.isfinite(out).all():
         raise NonFinite
     return out
@@ -183,3 +213,42 @@ def sorted_rows(x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[slice, np.nda
         if not (np.isfinite(a[0]).all() and np.isfinite(a[-1]).all()):
             raise NonFinite
         yield sl, a
+
+
+def _map_chunks(d: int, step: int, each: Callable[[slice], None]) -> None:
+    """``each(columns)`` for every chunk of ``step`` columns, blocks spread over the workers."""
+    def make() -> Callable[[int, int], None]:
+        def work(lo: int, hi: int) -> None:
+            for s in range(lo, hi, step):
+                each(slice(s, min(hi, s + step)))
+        return work
+    run_blocks(blocks(d, step), make)
+
+
+def map_sorted_chunks(x: np.ndarray, fn: Callable[[slice, np.ndarray], None]) -> None:
+    """``fn(columns, values)`` for every chunk ``sorted_chunks`` yields, on the workers.
+
+    ``fn`` is called from several threads at once, each time with other columns: it
+    may write ``out[columns]`` but nothing shared. Raises NonFinite like the generator.
+    """
+    m = x.shape[0]
+
+    def each(sl: slice) -> None:
+        a = np.ascontiguousarray(x[:, sl].T)
+        a.sort(axis=1)
+        if not (np.isfinite(a[:, 0]).all() and np.isfinite(a[:, -1]).all()):
+            raise NonFinite
+        fn(sl, a)
+    _map_chunks(x.shape[1], chunk_len(2 * m), each)
+
+
+def map_sorted_rows(x: np.ndarray, rows: np.ndarray, fn: Callable[[slice, np.ndarray], None]) -> None:
+    """``fn(columns, values)`` for every chunk ``sorted_rows`` yields, on the workers (as above)."""
+    def each(sl: slice) -> None:
+        t = np.ascontiguousarray(x[rows, sl].T)
+        t.sort(axis=1)
+        a = np.ascontiguousarray(t.T)
+        if not (np.isfinite(a[0]).all() and np.isfinite(a[-1]).all()):
+            raise NonFinite
+        fn(sl, a)
+    _map_chunks(x.shape[1], chunk_len(2 * rows.size), each)

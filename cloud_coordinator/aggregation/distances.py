@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._kernels import centered_gram, chunks, gram_to_sqdist
+from ._rows import RowStack
 from ._validate import NonFinite, as_updates
 
 __all__ = ["pairwise_sq_distances", "direct_sq_distances", "KAPPA_MAX"]
@@ -67,7 +68,11 @@ def _components(n: int, pairs: np.ndarray) -> list[np.ndarray]:
 def _rows_equal(x: np.ndarray, i: int, j: int) -> bool:
     """Bitwise equality of rows i and j, chunk by chunk, stopping at the first difference."""
     for sl in chunks(x.shape[1], 2):
-        if not np.array_equal(x[i, sl], x[j, sl]):
+        if isinstance(x, RowStack):  # compare the reply buffers in place: no gathered copies
+            pa, pb = x.pieces(i, sl.start, sl.stop), x.pieces(j, sl.start, sl.stop)
+            if not all(np.array_equal(a, b) for a, b in zip(pa, pb, strict=True)):
+                return False
+        elif not np.array_equal(x[i, sl], x[j, sl]):
             return False
     return True
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import AggregationError
-from ._kernels import centered_gram, combine, sorted_chunks, sorted_rows
+from ._kernels import centered_gram, combine, map_sorted_chunks, map_sorted_rows
 from ._result import AggregateResult
 from ._validate import as_updates, as_weights, check_f, guarded
 from .distances import pairwise_sq_distances
@@ -52,11 +52,13 @@ def _coordinate_median_core(x: np.ndarray, w: np.ndarray | None, *,
     check_f("median", n, f, 2 * f + 1)
     out = np.empty(d)
     lo, hi = (n - 1) // 2, n // 2
-    for sl, a in sorted_chunks(x):
+
+    def each(sl: slice, a: np.ndarray) -> None:
         out[sl] = a[:, lo]
         if hi != lo:
             out[sl] += a[:, hi]
             out[sl] *= 0.5
+    map_sorted_chunks(x, each)
     return AggregateResult(out, _all(n))
 
 
@@ -73,8 +75,10 @@ def _trimmed_mean_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> Aggreg
     check_f("trimmed_mean", n, f, 2 * f + 1)
     out = np.empty(d)
     keep = n - 2 * f
-    for sl, a in sorted_chunks(x):
+
+    def each(sl: slice, a: np.ndarray) -> None:
         out[sl] = a[:, f: n - f].sum(axis=1, dtype=np.float64)
+    map_sorted_chunks(x, each)
     out /= keep
     return AggregateResult(out, _all(n))
 
@@ -168,7 +172,8 @@ def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateRes
     windows = np.zeros((two_f + 1, theta))
     for s0 in range(two_f + 1):
         windows[s0, s0: s0 + beta] = 1.0
-    for sl, a32 in sorted_rows(x, rows):
+
+    def each(sl: slice, a32: np.ndarray) -> None:
         # float64: sums of two float32 values are exact there, so near-equidistant values are
         # told apart exactly (in float32 the sums round and pick the wrong window).
         a = a32.astype(np.float64)
@@ -179,6 +184,7 @@ def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateRes
         start = (a[:two_f] + a[beta: beta + two_f] < med2).sum(axis=0)
         sums = windows @ a  # every candidate window's sum, one gemm
         out[sl] = np.take_along_axis(sums, start[None, :], axis=0)[0]
+    map_sorted_rows(x, rows, each)
     out /= beta
     sel = tuple(int(i) for i in rows)
     return AggregateResult(out, sel, _rejected(n, sel, NOT_SELECTED))

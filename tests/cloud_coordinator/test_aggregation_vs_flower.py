@@ -44,3 +44,17 @@ def test_robustness_bench_smoke() -> None:
     for attack in ("none", "label_flip", "adaptive_ipm"):
         acc = rb.run_one("centered_clipping", attack, 0.5, 0, s, data)
         assert 0.0 <= acc <= 1.0
+
+
+def test_aggregation_bench_reports_both_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fogline bench aggregation`` times from replies and in memory, default workers and one."""
+    from benchmarks import aggregation_bench as ab
+
+    monkeypatch.setenv("FOGLINE_AGG_THREADS", "2")
+    out = ab.run(True, 1, {"krum", "multi_krum"}, 1)
+    assert out["fogline_workers"] == 2
+    assert [r["rule"] for r in out["rules"]] == ["krum", "multi_krum"]
+    assert [r["rule"] for r in out["from_replies"]] == ["krum", "multi_krum"]
+    for row in out["rules"] + out["from_replies"]:
+        assert row["speedup"] > 0 and row["speedup_1w"] > 0
+        assert row["fogline_s"] > 0 and row["fogline_1w_s"] > 0 and row["flower_s"] > 0
