@@ -114,8 +114,9 @@ def _demo(args: argparse.Namespace) -> int:
 def register_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="run the whole system end to end on this machine, with faults, and report")
     d.add_argument("--out", default=None, help="output directory (default out/demo/TIMESTAMP)")
-    d.add_argument("--agents", type=int, default=12)
-    d.add_argument("--requests", type=int, default=200)
+    d.add_argument("--agents", type=int, default=14,
+                   help="agents of both sites together: 8 at the canary store-1, the rest at store-2")
+    d.add_argument("--requests", type=int, default=200, help="checked requests per site")
     d.add_argument("--rounds", type=int, default=5)
     d.add_argument("--rule", default="centered_clipping", help="aggregation rule for the federated rounds")
     d.add_argument("--json", action="store_true", help="machine-readable summary on stdout")

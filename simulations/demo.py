@@ -1,10 +1,14 @@
-"""``fogline demo``: the whole system end to end on one machine, with faults.
+"""``fogline demo``: the whole system end to end on one machine, with faults, at two sites.
 
-Real processes throughout: the fog broker (which starts mosquitto), twelve
-simulated edge agents that find it with zeroconf, Flower SuperNodes, and the
-coordinator (SuperLink + ServerApp). The demo only drives them from outside
-(MQTT client, CLI processes, kill -9), the way an operator would, and checks
-what they answer.
+Real processes throughout: two sites, ``store-1`` (the canary) and ``store-2``,
+each a fog broker of its own (its own CA, data dir, port and mosquitto) with
+simulated edge agents that find their site's fog with zeroconf (by site name);
+Flower SuperNodes on devices of both sites; and one coordinator (SuperLink +
+ServerApp) connected to both sites with the coordinator credentials each fog
+issued (``fogline operators add cloud --role coordinator``), which rolls every
+model release out staged: the canary first, checked there, then ``store-2``.
+The demo only drives them from outside (MQTT clients, CLI processes, kill -9),
+the way an operator would, and checks what they answer.
 """
 from __future__ import annotations
 
@@ -13,10 +17,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +32,12 @@ from runtime.broker import free_port
 
 from .local_site import LocalSite
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["SITES", "DemoConfig", "run_demo", "site_sizes"]
 
 PROFILE_MIX = ("pi4", "pi5", "orin-nano", "pi4", "x86-gateway", "pi5", "jetson-nano", "pi4", "camera", "pi5",
                "orin-nano", "pi4")
-SITE = "demo"
+SITES = ("store-1", "store-2")  # the first one is the canary of every release rollout
+CANARY = SITES[0]
 RELEASE = "digits-cnn"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,14 +45,24 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
     out: Path
-    agents: int = 12
-    requests: int = 200
+    agents: int = 14        # both sites together (site_sizes: 8 at the canary, 6 at store-2)
+    requests: int = 200     # per site
     rounds: int = 5
-    fl_nodes: int = 5
+    fl_nodes: int = 5       # SuperNodes, on devices of both sites (3 + 2)
     byzantine: int = 1  # 20 % of 5
     rule: str = "centered_clipping"
-    rate: float = 40.0  # requests per second
+    rate: float = 40.0  # requests per second, per site
     seed: int = 7
+
+
+def site_sizes(agents: int) -> tuple[int, int]:
+    """Agents per site. The canary, where a device is killed mid-stream, keeps at least 8: its 3 x 2
+    replica chains on distinct power domains need 6 devices and a lost partition somewhere to go."""
+    if agents < 11:
+        raise ValueError(f"the two-site demo needs at least 11 agents (8 at {CANARY}, 3 at {SITES[1]}), "
+                         f"not {agents}")
+    first = max(8, agents - agents * 3 // 7)
+    return first, agents - first
 
 
 class Processes:
@@ -177,155 +196,6 @@ def _reference_output(x: np.ndarray) -> tuple[dict[str, np.ndarray], Any]:
     return {o.name: v for o, v in zip(sess.get_outputs(), outs)}, name
 
 
-def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
-    from fog_broker.client import FogClient
-
-    rep = Reporter(quiet)
-    work = cfg.out
-    work.mkdir(parents=True, exist_ok=True)
-    procs = Processes(work / "logs")
-    result: dict[str, Any] = {"ok": False, "counters": {}, "faults": [], "recoveries": []}
-    counters = result["counters"]
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "FOGLINE_CACHE_DIR": str(work / "cache")}
-    client = None
-    fog: LocalSite | None = None
-    try:
-        # 1. fog broker (it starts and owns mosquitto) --------------------------------
-        rep.step("start the fog broker: site CA, mosquitto with TLS + client certificates + ACL, zeroconf")
-        fog = LocalSite(work / "fog", site=SITE, env=env, log=work / "logs" / "fog-broker.log", zeroconf=True,
-                        args=["--state-interval", "2", "--summary-interval", "2"]).start()
-        port = fog.port
-        client = fog.client()
-        rep.say(f"fog broker online: site {client.site!r}, MQTT over TLS on 127.0.0.1:{port}, enrolment on "
-                f"{fog.enroll}; operator credentials in {fog.credentials()}")
-        result["security"] = {"tls": True, "ca_sha256": fog.ready.get("ca_sha256"), "enroll": fog.enroll}
-
-        # 2. agents, discovered by zeroconf, enrolled with one bootstrap token --------
-        rep.step(f"start {cfg.agents} simulated edge agents (mixed profiles); they discover the fog by mDNS and "
-                 "enrol with one bootstrap token (fogline token create --uses N --auto-approve)")
-        token = fog.token(uses=cfg.agents, auto_approve=True)
-        for i in range(cfg.agents):
-            did = f"dev-{i:02d}"
-            profile = PROFILE_MIX[i % len(PROFILE_MIX)]
-            procs.start(did, _python() + ["edge_agent", "--simulate", profile, "--id", did, "--data-dir",
-                                          str(work / "agents" / did), "--site", SITE, "--state-interval", "2",
-                                          "--labels", f"power-domain=pd-{i % 6},zone=z-{i % 2}",
-                                          "--token", token], env)
-        devices = _wait(f"{cfg.agents} devices alive",
-                        lambda: (lambda st: st["devices"] if sum(d["alive"] for d in st["devices"]) >= cfg.agents
-                                 else None)(client.status()), 90, poll=0.5)
-        result["devices"] = [{"id": d["id"], "labels": d["labels"]} for d in devices]
-        rep.say(f"{len(devices)} devices alive: " + ", ".join(d["id"] for d in devices))
-
-        # 3. deploy the residual CNN as 3 partitions x 2 replicas ---------------------
-        rep.step("deploy the residual CNN: 3 partitions, 2 replicas on different power domains (gang)")
-        spec = {"name": "resnet", "tenant": "demo", "priority": 10, "replicas": 2, "objective": "latency",
-                "source": "dev-00", "sink": "dev-01", "selectors": {}, "tolerations": [],
-                "model": "zoo:resnet", "min_partitions": 3, "max_partitions": 3}
-        t_deploy = time.monotonic()
-        client.deploy(spec)
-        wl = client.wait_running("resnet", timeout=90)
-        result["deploy_s"] = round(time.monotonic() - t_deploy, 3)
-        result["placement"] = wl["placement"]
-        for r in wl["placement"]:
-            chain = " -> ".join(f"p{p['index']}{p['segments']}@{p['device']}" for p in r["partitions"])
-            rep.say(f"replica {r['replica']}: {chain}  (predicted {1e3 * (r['latency_s'] or 0):.1f} ms)")
-
-        # 4. serve requests, kill a device mid-stream ---------------------------------
-        rep.step(f"serve {cfg.requests} requests, checked against the monolithic model; kill -9 a device midway")
-        rng = np.random.default_rng(cfg.seed)
-        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
-        ref, in_name = _reference_output(x)
-        primary = wl["placement"][0]["partitions"]
-        # the victim hosts a partition of the primary chain; not the source or sink, and preferably
-        # not a device that trains later (a dead device is not selected for rounds: the federated
-        # part should show the Byzantine client and the coordinator crash, not this fault again)
-        trainers = {f"dev-{i + 2:02d}" for i in range(cfg.fl_nodes)}
-        candidates = [p["device"] for p in primary if p["device"] not in ("dev-00", "dev-01")]
-        victim = next((d for d in candidates if d not in trainers), None) or \
-            next(iter(candidates), primary[len(primary) // 2]["device"])
-        timeline: list[dict[str, Any]] = []
-        sent = answered = errors = lost = mismatched = 0
-        max_diff = 0.0
-        kill_at = time.monotonic() + 1e9
-        progress = _progress(rep, cfg.requests, "requests")
-        pace = 1.0 / cfg.rate if cfg.rate > 0 else 0.0
-        next_send = time.monotonic()
-        for i in range(cfg.requests):
-            next_send += pace
-            time.sleep(max(0.0, next_send - time.monotonic()))  # an open-loop client at ``rate`` req/s
-            if i == cfg.requests // 2:
-                procs.kill9(victim)
-                kill_at = time.monotonic()
-                result["faults"].append({"kind": "kill -9 device", "target": victim, "at_request": i,
-                                         "at_s": round(kill_at - rep.t0, 2)})
-                rep.say(f"[red]kill -9 {victim}[/red] (hosts a partition of the primary chain)"
-                        if rep.console else f"kill -9 {victim}")
-            sent += 1
-            t0 = time.monotonic()
-            try:
-                res = client.infer_result("resnet", {in_name: x}, timeout=5.0)
-            except TimeoutError:
-                lost += 1
-                timeline.append({"t": t0 - rep.t0, "latency_s": None, "ok": False})
-                progress(i + 1)
-                continue
-            dt = time.monotonic() - t0
-            answered += 1
-            if res.ok:
-                diff = max(float(np.max(np.abs(np.asarray(res.tensors[k]) - v))) for k, v in ref.items())
-                max_diff = max(max_diff, diff)
-                mismatched += diff > 1e-4
-            else:
-                errors += 1
-            timeline.append({"t": round(t0 - rep.t0, 4), "latency_s": round(dt, 5), "ok": res.ok,
-                             "replica": res.replica, "error": res.error or None})
-            progress(i + 1)
-        counters.update({"requests_sent": sent, "requests_answered": answered, "requests_lost": lost,
-                         "requests_failed": errors, "outputs_mismatched": mismatched})
-        result["max_abs_diff"] = max_diff
-        result["timeline"] = timeline
-        rep.say(f"{answered}/{sent} answered, {errors} errors, {lost} lost; max |diff| vs monolithic "
-                f"{max_diff:.2e}")
-
-        rep.step("wait for the lost partition to be re-placed (replica count restored)")
-        wl = client.wait_running("resnet", timeout=60)
-        restored = time.monotonic() - kill_at
-        result["placement_after"] = wl["placement"]
-        st = client.status()
-        rec = [r for r in st.get("recoveries_s", [])]
-        result["recoveries"].append({"fault": f"kill -9 {victim}", "replicas_restored_after_s": round(restored, 3),
-                                     "detect_to_running_s": rec[-1] if rec else None})
-        rep.say(f"{victim} dead; replicas restored {restored:.2f} s after the kill "
-                f"(detection -> running {rec[-1] if rec else '?'} s)")
-
-        # 5. federated rounds with Byzantine clients, coordinator crash -----------------
-        fl = _federated(cfg, work, procs, env, rep, fog, result)
-        counters.update(fl)
-
-        # 6. the released model reaches the fleet -------------------------------------
-        counters["release_predictions_agree"] = _release(cfg, work, client, rep, result)
-
-        counters["faults_injected"] = len(result["faults"])
-        counters["recoveries"] = len(result["recoveries"])
-        result["metrics"] = client.status()["metrics"]
-        result["ok"] = (lost == 0 and mismatched == 0 and errors == 0
-                        and counters.get("rounds_completed", 0) >= cfg.rounds
-                        and result.get("release", {}).get("agreement") == 1.0)
-    finally:
-        if client is not None:
-            client.close()
-        procs.stop_all()
-        if fog is not None:
-            fog.stop()
-        _reap(work)
-        result["elapsed_s"] = round(time.monotonic() - rep.t0, 1)
-        result["steps"] = rep.steps
-    return result
-
-
 def _progress(rep: Reporter, total: int, what: str) -> Callable[[int], None]:
     if rep.quiet:
         return lambda n: None
@@ -341,36 +211,452 @@ def _progress(rep: Reporter, total: int, what: str) -> Callable[[int], None]:
     return update
 
 
-def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str], rep: Reporter,
-               fog: LocalSite, result: dict[str, Any]) -> dict[str, Any]:
-    """The PyTorch CNN app (examples/pytorch) trained by authenticated SuperNodes, robust rounds,
-    a kill -9 of the coordinator and a resume, and signed releases of the CNN to the fog."""
-    from cloud_coordinator.launcher import READY_FILE, TLS_DIR
-    from cloud_coordinator.store import REPORT_FILE, CheckpointStore
-    from runtime.credentials import load_credentials
 
-    rep.step(f"federated training of the CNN app (examples/pytorch): {cfg.rounds} robust rounds, {cfg.fl_nodes} "
-             f"authenticated Flower SuperNodes, {cfg.byzantine} Byzantine (sign-flip)")
-    superlink = free_port()
-    ckpt, replica = work / "ckpt", work / "ckpt-replica"
+
+@dataclass(slots=True)
+class DemoSite:
+    """One site of the demo: its fog broker, its devices and the operator's client there."""
+
+    name: str
+    fog: LocalSite
+    devices: list[str]
+    labels: dict[str, dict[str, str]]
+    client: Any = None
+
+    @property
+    def role(self) -> str:
+        return "canary" if self.name == CANARY else f"#{SITES.index(self.name)}"
+
+    @property
+    def source(self) -> str:
+        return self.devices[0]
+
+    @property
+    def sink(self) -> str:
+        return self.devices[1]
+
+
+class RolloutWatch:
+    """What each site's fog says about the release, polled from outside with a ``monitor`` identity
+    (status only): when each site first lists each version, and when its ``release:`` workload first
+    serves that version's bytes on every replica (the switch), on the demo's clock."""
+
+    def __init__(self, clients: dict[str, Any], t0: float, name: str, interval: float = 0.5) -> None:
+        self.clients = clients
+        self.t0 = t0
+        self.name = name
+        self.interval = interval
+        self.accepted: dict[str, dict[int, float]] = {s: {} for s in clients}
+        self.serving: dict[str, dict[int, float]] = {s: {} for s in clients}
+        self.refs: dict[int, str] = {}
+        self.events: list[dict[str, Any]] = []
+        self.last: dict[str, dict[str, Any]] = {}
+        self.errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rollout-watch", daemon=True)
+
+    def start(self) -> RolloutWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(10)
+        for c in self.clients.values():
+            c.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for site, client in self.clients.items():
+                try:
+                    st = client.status(timeout=3.0, limit=0)
+                except Exception as exc:  # noqa: BLE001 - a fog that does not answer now is polled again
+                    self.errors[site] = str(exc)
+                    continue
+                self._observe(site, st, time.monotonic() - self.t0)
+            self._stop.wait(self.interval)
+
+    def _observe(self, site: str, st: dict[str, Any], at: float) -> None:
+        with self._lock:
+            self.last[site] = st
+            rel = (st.get("releases") or {}).get(self.name)
+            if rel:
+                v = int(rel["version"])
+                self.refs.setdefault(v, str(rel.get("model")))
+                if v not in self.accepted[site]:
+                    self.accepted[site][v] = round(at, 2)
+                    self.events.append({"t": round(at, 2), "site": site, "version": v, "event": "accepted"})
+            wl = next((w for w in st.get("workloads", []) if w["name"] == self.name), None)
+            if wl and wl["healthy_replicas"] >= wl["replicas"] and not wl.get("switch"):
+                v2 = next((v for v, ref in self.refs.items() if ref == wl.get("model")), None)
+                if v2 is not None and v2 not in self.serving[site]:
+                    self.serving[site][v2] = round(at, 2)
+                    self.events.append({"t": round(at, 2), "site": site, "version": v2, "event": "serving",
+                                        "workload_version": wl["version"]})
+
+    def has(self, site: str, version: int | None = None) -> bool:
+        with self._lock:
+            got = self.accepted[site]
+            return bool(got) if version is None else version in got
+
+    def serves(self, site: str, version: int) -> bool:
+        with self._lock:
+            return version in self.serving[site]
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"events": sorted(self.events, key=lambda e: e["t"]),
+                    "accepted_s": {s: dict(v) for s, v in self.accepted.items()},
+                    "serving_s": {s: dict(v) for s, v in self.serving.items()}}
+
+
+def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
+    rep = Reporter(quiet)
+    work = cfg.out
+    work.mkdir(parents=True, exist_ok=True)
+    procs = Processes(work / "logs")
+    result: dict[str, Any] = {"ok": False, "counters": {}, "faults": [], "recoveries": [], "sites": {}}
+    counters = result["counters"]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "FOGLINE_CACHE_DIR": str(work / "cache")}
+    sites: dict[str, DemoSite] = {}
+    fogs: dict[str, LocalSite] = {}
+    watch: RolloutWatch | None = None
+    background = ThreadPoolExecutor(2, thread_name_prefix="demo-background")
+    try:
+        sizes = site_sizes(cfg.agents)
+        # 1. two fog brokers, each with its own CA, data dir, port and mosquitto ----------
+        rep.step(f"start {len(SITES)} sites ({', '.join(SITES)}; canary {CANARY}): a fog broker each with its "
+                 "own site CA, mosquitto with TLS + client certificates + ACL, zeroconf")
+        fogs.update({name: LocalSite(work / f"fog-{name}", site=name, env=env,
+                                     log=work / "logs" / f"fog-{name}.log", zeroconf=True,
+                                     args=["--state-interval", "2", "--summary-interval", "2"])
+                     for name in SITES})
+        with ThreadPoolExecutor(len(fogs)) as pool:  # both start at once; each waits for its ready line
+            started = list(pool.map(lambda f: f.start(), fogs.values()))
+        n = 0
+        for (name, fog), size in zip(fogs.items(), sizes):
+            ids = [f"dev-{n + j:02d}" for j in range(size)]
+            labels = {d: {"power-domain": f"pd-{j % 6}", "zone": f"z-{j % 2}"} for j, d in enumerate(ids)}
+            sites[name] = DemoSite(name, fog, ids, labels, fog.client())
+            n += size
+        assert all(s.alive for s in started)
+        for s in sites.values():
+            rep.say(f"{s.name} ({s.role}): fog {s.fog.ready.get('fog_id')}, MQTT over TLS on {s.fog.mqtt}, "
+                    f"enrolment on {s.fog.enroll}, CA {str(s.fog.ready.get('ca_sha256'))[:12]}...")
+        result["security"] = {"tls": True, "ca_sha256": sites[CANARY].fog.ready.get("ca_sha256"),
+                              "sites": {s.name: {"ca_sha256": s.fog.ready.get("ca_sha256"), "enroll": s.fog.enroll}
+                                        for s in sites.values()}}
+        # on each fog host: fogline operators add cloud --role coordinator, the directory copied to the
+        # coordinator (here: written there with --out); done while the agents start
+        creds = {s.name: background.submit(s.fog.operators_add, "cloud", role="coordinator",
+                                           out=work / "coordinator-sites" / s.name) for s in sites.values()}
+        for s in sites.values():
+            result["sites"][s.name] = {"role": s.role, "mqtt": s.fog.mqtt, "fog_id": s.fog.ready.get("fog_id"),
+                                       "devices": list(s.devices), "faults": []}
+
+        # 2. agents, discovered by zeroconf by site name, enrolled with their site's token ---
+        rep.step(f"start {cfg.agents} simulated edge agents ({', '.join(f'{len(s.devices)} at {s.name}' for s in sites.values())}"
+                 "); each finds its site's fog by mDNS (by site name) and enrols with that site's bootstrap token "
+                 "(fogline token create --uses N --auto-approve)")
+        i = 0
+        argvs: dict[str, list[str]] = {}
+        for s in sites.values():
+            token = s.fog.token(uses=len(s.devices), auto_approve=True)
+            for did in s.devices:
+                lab = s.labels[did]
+                argvs[did] = _python() + [
+                    "edge_agent", "--simulate", PROFILE_MIX[i % len(PROFILE_MIX)], "--id", did,
+                    "--data-dir", str(work / "agents" / s.name / did), "--site", s.name, "--state-interval", "2",
+                    "--labels", ",".join(f"{k}={v}" for k, v in lab.items()), "--token", token]
+                procs.start(did, argvs[did], env)
+                i += 1
+        result["devices"] = []
+        result["agent_restarts"] = _wait_alive(sites, procs, argvs, env, rep, work / "logs")
+        for s in sites.values():
+            devs = s.client.status()["devices"]
+            got = sorted(d["id"] for d in devs)
+            if got != sorted(s.devices):  # an agent at the wrong site would show up here (or never enrol)
+                raise RuntimeError(f"site {s.name} has devices {got}, expected {sorted(s.devices)}")
+            result["devices"] += [{"id": d["id"], "site": s.name, "labels": d["labels"]} for d in devs]
+            rep.say(f"{s.name}: {len(devs)} devices alive: " + ", ".join(got))
+
+        # 3. deploy the residual CNN at both sites -----------------------------------------
+        rep.step("deploy the residual CNN at both sites: 3 partitions, 2 replicas on different power domains (gang)")
+        t_deploy = time.monotonic()
+        wls: dict[str, dict[str, Any]] = {}
+        for s in sites.values():
+            s.client.deploy({"name": "resnet", "tenant": "demo", "priority": 10,
+                             "replicas": 2 if len(s.devices) >= 6 else 1, "objective": "latency",
+                             "source": s.source, "sink": s.sink, "selectors": {}, "tolerations": [],
+                             "model": "zoo:resnet", "min_partitions": 3, "max_partitions": 3})
+        for s in sites.values():
+            wls[s.name] = s.client.wait_running("resnet", timeout=90)
+            result["sites"][s.name]["placement"] = wls[s.name]["placement"]
+            for r in wls[s.name]["placement"]:
+                chain = " -> ".join(f"p{p['index']}{p['segments']}@{p['device']}" for p in r["partitions"])
+                rep.say(f"{s.name} replica {r['replica']}: {chain}  (predicted {1e3 * (r['latency_s'] or 0):.1f} ms)")
+        result["deploy_s"] = round(time.monotonic() - t_deploy, 3)
+        result["placement"] = wls[CANARY]["placement"]
+
+        # 4. serve requests at both sites at once, kill a device of the canary midway ------
+        canary = sites[CANARY]
+        primary = wls[CANARY]["placement"][0]["partitions"]
+        # the victim hosts a partition of the primary chain, not the source or sink
+        candidates = [p["device"] for p in primary if p["device"] not in (canary.source, canary.sink)]
+        victim = next(iter(candidates), primary[len(primary) // 2]["device"])
+        # the devices that train: live ones, not this victim (its fault does not come back in the
+        # rounds); their SuperNode keys are made and authorized meanwhile
+        trainers = _trainers(cfg, sites, {victim})
+        supernode_keys = background.submit(_supernode_keys, work, env, trainers)
+        rep.step(f"serve {cfg.requests} requests at each site, checked against the monolithic model; kill -9 "
+                 f"{victim} at {CANARY} midway")
+        rng = np.random.default_rng(cfg.seed)
+        x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+        ref, in_name = _reference_output(x)
+        kill_at = [0.0]
+
+        def kill(site: str) -> None:
+            procs.kill9(victim)
+            kill_at[0] = time.monotonic()
+            fault = {"kind": "kill -9 device", "site": site, "target": victim, "at_request": cfg.requests // 2,
+                     "at_s": round(kill_at[0] - rep.t0, 2)}
+            result["faults"].append(fault)
+            result["sites"][site]["faults"].append(fault)
+            rep.say(f"[red]kill -9 {victim}[/red] at {site} (hosts a partition of the primary chain)"
+                    if rep.console else f"kill -9 {victim} at {site}")
+
+        with ThreadPoolExecutor(len(sites)) as pool:
+            futs = {s.name: pool.submit(_serve, cfg, s, rep, x, ref, in_name,
+                                        kill if s.name == CANARY else None) for s in sites.values()}
+            served = {name: f.result() for name, f in futs.items()}
+        result["timeline"] = []
+        for name, (stats, timeline) in served.items():
+            result["sites"][name]["requests"] = stats
+            result["timeline"] += [{**e, "site": name} for e in timeline]
+            rep.say(f"{name}: {stats['answered']}/{stats['sent']} answered, {stats['failed']} errors, "
+                    f"{stats['lost']} lost; max |diff| vs monolithic {stats['max_abs_diff']:.2e}")
+        for key in ("sent", "answered", "lost", "failed", "mismatched"):
+            counters[f"requests_{key}" if key != "mismatched" else "outputs_mismatched"] = sum(
+                st[key] for st, _ in served.values())
+        result["max_abs_diff"] = max(st["max_abs_diff"] for st, _ in served.values())
+
+        rep.step(f"wait for the lost partition to be re-placed at {CANARY} (replica count restored)")
+        wl = canary.client.wait_running("resnet", timeout=60)
+        restored = time.monotonic() - kill_at[0]
+        result["placement_after"] = wl["placement"]
+        result["sites"][CANARY]["placement_after"] = wl["placement"]
+        rec = list(canary.client.status().get("recoveries_s", []))
+        result["recoveries"].append({"fault": f"kill -9 {victim}", "site": CANARY,
+                                     "replicas_restored_after_s": round(restored, 3),
+                                     "detect_to_running_s": rec[-1] if rec else None})
+        rep.say(f"{victim} dead; replicas restored {restored:.2f} s after the kill "
+                f"(detection -> running {rec[-1] if rec else '?'} s)")
+
+        # 5. federated rounds with Byzantine clients, coordinator crash, staged rollouts ---
+        watch = RolloutWatch({s.name: s.fog.client(s.fog.issue("demo-monitor", role="monitor").name)
+                              for s in sites.values()}, rep.t0, RELEASE).start()
+        # torch and the held-out digits load while the rounds run (the demo only waits then)
+        preload = background.submit(_load_task)
+        fl = _federated(cfg, work, procs, env, rep, sites, watch, result, trainers=trainers,
+                        supernode_keys=supernode_keys, creds={n: f.result() for n, f in creds.items()})
+        counters.update(fl)
+
+        # 6. the released model reaches both sites, canary first -------------------------
+        counters["release_predictions_agree"] = _release(cfg, work, sites, watch, rep, result, preload)
+
+        counters["faults_injected"] = len(result["faults"])
+        counters["recoveries"] = len(result["recoveries"])
+        result["metrics"] = {}
+        for s in sites.values():
+            st = s.client.status(limit=0)
+            result["metrics"][s.name] = st["metrics"]
+            out = result["sites"][s.name]
+            out["devices_live"] = st["metrics"].get("devices_live")
+            out["devices_total"] = st.get("devices_total")
+            out["fog_requests_answered"] = st.get("counters", {}).get("router.answered")
+            out["releases"] = {k: v.get("version") for k, v in (st.get("releases") or {}).items()}
+        result["ok"] = (counters["requests_lost"] == 0 and counters["outputs_mismatched"] == 0
+                        and counters["requests_failed"] == 0
+                        and counters.get("rounds_completed", 0) >= cfg.rounds
+                        and result.get("release", {}).get("agreement") == 1.0
+                        and bool(result.get("rollout", {}).get("canary_first")))
+    finally:
+        background.shutdown(wait=False, cancel_futures=True)
+        if watch is not None:
+            watch.stop()
+        for s in sites.values():
+            if s.client is not None:
+                s.client.close()
+        procs.stop_all()
+        stops = [threading.Thread(target=fog.stop, name=f"stop-{name}") for name, fog in fogs.items()]
+        for t in stops:  # each fog stops its own mosquitto; both at once
+            t.start()
+        for t in stops:
+            t.join(30)
+        _reap(work)
+        result["elapsed_s"] = round(time.monotonic() - rep.t0, 1)
+        result["steps"] = rep.steps
+    return result
+
+
+def _wait_alive(sites: dict[str, DemoSite], procs: Processes, argvs: dict[str, list[str]], env: dict[str, str],
+                rep: Reporter, logs: Path, timeout: float = 90.0, stuck_s: float = 20.0) -> list[str]:
+    """Wait until every site has all its devices alive. An agent that enrolled but has not joined after
+    ``stuck_s`` is restarted once (it is enrolled by then, so it only reconnects): its first connection
+    can race the fog's ACL reload for the new identity (mosquitto then drops its BIRTH and refuses its
+    subscriptions, and the agent waits forever). Returns the restarted devices."""
+    t0 = time.monotonic()
+    restarted: list[str] = []
+    missing: set[str] = set()
+    while time.monotonic() - t0 < timeout:
+        missing = set()
+        for s in sites.values():
+            try:
+                alive = {d["id"] for d in s.client.status()["devices"] if d["alive"]}
+            except Exception:  # noqa: BLE001 - a fog busy with enrolments answers late: ask again
+                alive = set()
+            missing |= set(s.devices) - alive
+        if not missing:
+            return restarted
+        if time.monotonic() - t0 >= stuck_s:
+            for did in sorted(missing - set(restarted)):
+                try:
+                    enrolled = f"{did}: enrolled with fog" in (logs / f"{did}.log").read_text(errors="replace")
+                except OSError:
+                    enrolled = False
+                if enrolled:
+                    rep.say(f"{did} enrolled but has not joined after {stuck_s:g} s: restarting its agent "
+                            "(enrolled now, it only reconnects)")
+                    procs.kill9(did)
+                    procs.start(did, argvs[did], env)
+                    restarted.append(did)
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for devices to join: {', '.join(sorted(missing))} "
+                       "not alive")
+
+
+def _serve(cfg: DemoConfig, site: DemoSite, rep: Reporter, x: np.ndarray, ref: dict[str, np.ndarray],
+           in_name: str, kill: Callable[[str], None] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An open-loop client at ``cfg.rate`` req/s against one site; ``kill`` runs at the midpoint."""
+    timeline: list[dict[str, Any]] = []
+    sent = answered = errors = lost = mismatched = 0
+    max_diff = 0.0
+    progress = _progress(rep, cfg.requests, f"requests at {site.name}")
+    pace = 1.0 / cfg.rate if cfg.rate > 0 else 0.0
+    next_send = time.monotonic()
+    for i in range(cfg.requests):
+        next_send += pace
+        time.sleep(max(0.0, next_send - time.monotonic()))
+        if kill is not None and i == cfg.requests // 2:
+            kill(site.name)
+        sent += 1
+        t0 = time.monotonic()
+        try:
+            res = site.client.infer_result("resnet", {in_name: x}, timeout=5.0)
+        except TimeoutError:
+            lost += 1
+            timeline.append({"t": round(t0 - rep.t0, 4), "latency_s": None, "ok": False})
+            progress(i + 1)
+            continue
+        dt = time.monotonic() - t0
+        answered += 1
+        if res.ok:
+            diff = max(float(np.max(np.abs(np.asarray(res.tensors[k]) - v))) for k, v in ref.items())
+            max_diff = max(max_diff, diff)
+            mismatched += diff > 1e-4
+        else:
+            errors += 1
+        timeline.append({"t": round(t0 - rep.t0, 4), "latency_s": round(dt, 5), "ok": res.ok,
+                         "replica": res.replica, "error": res.error or None})
+        progress(i + 1)
+    lat = sorted(e["latency_s"] for e in timeline if e.get("latency_s") is not None and e["ok"])
+    return ({"sent": sent, "answered": answered, "lost": lost, "failed": errors, "mismatched": mismatched,
+             "max_abs_diff": max_diff, "p50_ms": round(1e3 * lat[len(lat) // 2], 2) if lat else None},
+            timeline)
+
+
+def _supernode_keys(work: Path, env: dict[str, str], trainers: list[tuple[str, str]]) -> dict[str, Path]:
+    """Each training device's SuperNode key (``fogline supernodes keygen``, on the device), authorized at
+    the coordinator (``fogline supernodes add``): device -> private key file."""
     fogline = _python() + ["runtime.cli"]
-    creds = fog.issue("coordinator", role="coordinator")  # fogline operators add coordinator --role coordinator
     keys: dict[str, Path] = {}
-    for i in range(cfg.fl_nodes):  # each device's SuperNode key, registered with the coordinator
-        dev = f"dev-{i + 2:02d}"
+    for _, dev in trainers:
         kdir = work / "flower" / dev
         subprocess.run(fogline + ["supernodes", "keygen", "--out", str(kdir)], env=env, check=True,
                        capture_output=True)
         subprocess.run(fogline + ["supernodes", "add", dev, str(kdir / "supernode.pub"), "--checkpoint-dir",
-                                  str(ckpt)], env=env, check=True, capture_output=True)
+                                  str(work / "ckpt")], env=env, check=True, capture_output=True)
         keys[dev] = kdir / "supernode.key"
+    return keys
+
+
+def _trainers(cfg: DemoConfig, sites: dict[str, DemoSite], dead: set[str]) -> list[tuple[str, str]]:
+    """(site, device) of the SuperNodes: live devices that are neither a source nor a sink, 3 at the canary
+    and 2 at store-2 (of 5); the last one is the Byzantine one."""
+    pools = {s.name: [d for d in s.devices if d not in dead and d not in (s.source, s.sink)]
+             for s in sites.values()}
+    other = cfg.fl_nodes * 2 // 5
+    want = {CANARY: cfg.fl_nodes - other, SITES[1]: other}
+    picked = [(name, d) for name in SITES for d in pools[name][:want[name]]]
+    spare = [(name, d) for name in SITES for d in pools[name][want[name]:]]
+    return (picked + spare)[:cfg.fl_nodes]
+
+
+def _follow(sites: dict[str, DemoSite], watch: RolloutWatch, rep: Reporter, deployed: set[str]) -> None:
+    """An operator at each site serves ``release:NAME`` once a release of it is there (it cannot be
+    deployed before): from then on a new release is switched to and checked at the canary."""
+    for s in sites.values():
+        if s.name in deployed or not watch.has(s.name):
+            continue
+        try:
+            s.client.deploy({"name": RELEASE, "tenant": "demo", "priority": 5, "replicas": 1,
+                             "objective": "latency", "source": s.source, "sink": s.sink, "selectors": {},
+                             "tolerations": [], "model": f"release:{RELEASE}", "min_partitions": 2})
+        except Exception as exc:  # noqa: BLE001 - tried again at the next look
+            rep.say(f"{s.name}: deploying {RELEASE} failed for now: {exc}")
+            continue
+        deployed.add(s.name)
+        rep.say(f"{s.name} lists a release of {RELEASE}: the operator there deploys workload {RELEASE} "
+                f"(model release:{RELEASE}, 2 partitions)")
+
+
+def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str], rep: Reporter,
+               sites: dict[str, DemoSite], watch: RolloutWatch, result: dict[str, Any], *,
+               trainers: list[tuple[str, str]], supernode_keys: Future[dict[str, Path]],
+               creds: dict[str, Path]) -> dict[str, Any]:
+    """The PyTorch CNN app (examples/pytorch) trained by authenticated SuperNodes on devices of both
+    sites, robust rounds, a kill -9 of the coordinator and a resume; the coordinator is connected to
+    both sites and rolls each signed release out staged (canary first, checked, then store-2)."""
+    from cloud_coordinator.launcher import READY_FILE, TLS_DIR
+    from cloud_coordinator.store import REPORT_FILE, CheckpointStore
+    from runtime.security import Identity
+
+    rep.step(f"federated training of the CNN app (examples/pytorch): {cfg.rounds} robust rounds, {cfg.fl_nodes} "
+             f"authenticated Flower SuperNodes ({', '.join(f'{d}@{s}' for s, d in trainers)}), {cfg.byzantine} "
+             f"Byzantine (sign-flip); one coordinator for {len(sites)} sites, releases rolled out canary first")
+    superlink = free_port()
+    ckpt, replica = work / "ckpt", work / "ckpt-replica"
+    fogline = _python() + ["runtime.cli"]
+    site_args: list[str] = []
+    for s in sites.values():  # the coordinator credentials each fog issued (fogline operators add)
+        site_args += ["--site", f"{s.name}={creds[s.name]}"]
+        result["sites"][s.name]["coordinator_credentials"] = str(creds[s.name])
+    rep.say("coordinator credentials issued by each fog (fogline operators add cloud --role coordinator): "
+            + " ".join(site_args))
+    keys = supernode_keys.result()
+    for site, dev in trainers:
+        result["sites"][site].setdefault("trainers", []).append(dev)
     argv = fogline + ["coordinator", "--app", str(REPO / "examples" / "pytorch"), "--rounds", str(cfg.rounds),
                       "--rule", cfg.rule, "--f", str(cfg.byzantine), "--seed", str(cfg.seed),
                       "--checkpoint-dir", str(ckpt), "--replica-dir", str(replica),
                       "--superlink", f"127.0.0.1:{superlink}", "--min-clients", str(cfg.fl_nodes - cfg.byzantine),
                       "--round-timeout", "90", "--grace", "3", "--release", RELEASE, "--release-every", "2",
-                      "--run-config", "fraction-evaluate=0.0", "--mqtt", fog.mqtt, "--credentials", str(creds),
-                      "--timeout", "300"]
+                      "--run-config", "fraction-evaluate=0.0", *site_args, "--canary", CANARY,
+                      "--rollout-wait", "120", "--timeout", "300"]
     procs.start("coordinator", argv, env)
     _wait("the SuperLink with the SuperNode keys registered", lambda: (ckpt / READY_FILE).exists(), 90, poll=0.3)
     for i, (dev, key) in enumerate(keys.items()):
@@ -380,80 +666,140 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
                                        str(ckpt / TLS_DIR / "ca.pem"), "--auth-supernode-private-key", str(key),
                                        "--node-config", f"partition-id={i} num-partitions={cfg.fl_nodes}{attack}"],
                     {**env, "FLWR_HOME": str(work / "flower" / f"node-{i}")})
-    # checkpoints are signed with the coordinator's own key: resume (and this demo) trust only that
-    store = CheckpointStore([ckpt, replica], trusted_key=load_credentials(creds).signing.public_key_bytes)
+    # with several sites the coordinator signs checkpoints (and the outbox) with its own key,
+    # CKPT/coordinator.key; each site's release is re-signed with the key that site issued
+    store = CheckpointStore([ckpt, replica],
+                            trusted_key=Identity.load("coordinator", ckpt / "coordinator.key").public_key_bytes)
+    deployed: set[str] = set()
 
     def latest_round() -> int:
+        _follow(sites, watch, rep, deployed)
         ck, _ = store.load_latest()
         return ck.server_round if ck is not None else 0
 
     kill_after = min(2, cfg.rounds - 1)
     _wait(f"round {kill_after} checkpoint", lambda: latest_round() >= kill_after, 240, poll=0.5)
-    rep.say(f"round {latest_round()} checkpointed; [red]kill -9 the coordinator[/red] (with its SuperLink)"
-            if rep.console else "kill -9 the coordinator")
+    rep.say(f"round {latest_round()} checkpointed; [red]kill -9 the coordinator[/red] (with its SuperLink and "
+            "its connections to both sites)" if rep.console else "kill -9 the coordinator")
     at_kill = latest_round()
     procs.kill9("coordinator")
-    result["faults"].append({"kind": "kill -9 coordinator", "target": "coordinator", "after_round": at_kill,
-                             "at_s": round(time.monotonic() - rep.t0, 2)})
+    fault = {"kind": "kill -9 coordinator", "site": "cloud", "target": "coordinator", "after_round": at_kill,
+             "at_s": round(time.monotonic() - rep.t0, 2)}
+    result["faults"].append(fault)
     t_restart = time.monotonic()
     procs.start("coordinator-restarted", argv, env)  # the SuperNodes reconnect by themselves
     report_path = ckpt / REPORT_FILE
-    report = _wait("the restarted coordinator to finish",
-                   lambda: (json.loads(report_path.read_text()) if report_path.exists() else None), 300, poll=1.0)
+
+    def finished() -> dict[str, Any] | None:
+        _follow(sites, watch, rep, deployed)
+        return json.loads(report_path.read_text()) if report_path.exists() else None
+
+    report = _wait("the restarted coordinator to finish", finished, 300, poll=0.5)
     resumed = report.get("resumed_from")
-    result["recoveries"].append({"fault": "kill -9 coordinator", "resumed_from_round": resumed,
+    result["recoveries"].append({"fault": "kill -9 coordinator", "site": "cloud", "resumed_from_round": resumed,
                                  "finished_after_restart_s": round(time.monotonic() - t_restart, 1)})
     history = report.get("history", [])
     result["federated"] = {"rule": cfg.rule, "app": "examples/pytorch", "history": history, "resumed_from": resumed,
                            "releases": [r.get("version") for r in report.get("releases", [])],
-                           "killed_after_round": at_kill}
+                           "killed_after_round": at_kill, "trainers": [f"{d}@{s}" for s, d in trainers],
+                           "final_release": max((int(r["version"]) for r in report.get("releases", [])
+                                                 if "version" in r), default=cfg.rounds)}
     accs = [h.get("accuracy") for h in history]
     rep.say(f"resumed from round {resumed}; accuracy per round: "
             + ", ".join(f"{a:.3f}" for a in accs if a is not None))
+    _follow(sites, watch, rep, deployed)
     return {"rounds_completed": int(report.get("rounds_done", 0)),
             "rounds_repeated": max(0, at_kill - int(resumed or 0))}
 
 
-def _release(cfg: DemoConfig, work: Path, client: Any, rep: Reporter, result: dict[str, Any]) -> int:
-    """Serve the released CNN as partitions; its answers must equal torch's on the final checkpoint."""
+def _load_task() -> tuple[Any, Any]:
+    """The CNN app's task module (torch) and 50 held-out digits to check the released model with."""
     import importlib.util
 
-    import torch
-
-    from cloud_coordinator.store import CheckpointStore
-    from runtime.credentials import load_credentials
-
-    rep.step(f"release: the signed CNN reaches the fog broker; serve it as workload {RELEASE!r} (partitions)")
-    rel = _wait("the final model release at the fog broker",
-                lambda: (lambda r: r if r and int(r.get("version", 0)) >= cfg.rounds else None)(
-                    client.status(limit=0).get("releases", {}).get(RELEASE)), 90, poll=0.5)
-    client.deploy({"name": RELEASE, "tenant": "demo", "priority": 5, "replicas": 1, "objective": "latency",
-                   "source": "dev-00", "sink": "dev-01", "selectors": {}, "tolerations": [],
-                   "model": f"release:{RELEASE}", "min_partitions": 2})
-    wl = client.wait_running(RELEASE, timeout=90)
     spec = importlib.util.spec_from_file_location("demo_pytorch_task",
                                                   REPO / "examples" / "pytorch" / "pytorchexample" / "task.py")
     assert spec is not None and spec.loader is not None
     task = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(task)
-    key = load_credentials(work / "fog" / "credentials" / "coordinator").signing.public_key_bytes
+    return task, next(iter(task.load_centralized_dataset()))[0][:50]
+
+
+def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: RolloutWatch, rep: Reporter,
+             result: dict[str, Any], preload: Future[tuple[Any, Any]] | None = None) -> int:
+    """The final release reaches the canary, is checked there, then store-2; each site serves it as
+    partitions and its answers must equal torch's on the final checkpoint."""
+    import torch
+
+    from cloud_coordinator.store import CheckpointStore
+    from runtime.security import Identity
+
+    final = int(result["federated"]["final_release"])
+    rep.step(f"staged rollout of {RELEASE} v{final}: {CANARY} (canary) first, checked, then "
+             f"{', '.join(SITES[1:])}; each site serves it as partitions")
+    deployed = {s for s in SITES if watch.has(s)}
+    for s in sites.values():  # a site that only now lists the release gets its workload now
+        if s.name not in deployed:
+            _wait(f"a release of {RELEASE} at {s.name}", partial(watch.has, s.name), 120, poll=0.5)
+            _follow({s.name: s}, watch, rep, deployed)
+    for s in sites.values():
+        _wait(f"{RELEASE} v{final} served at {s.name}", partial(watch.serves, s.name, final), 150, poll=0.5)
+    book = _rollouts(work / "ckpt")
+    snap = watch.snapshot()
+    mine = next((r for r in book if r["version"] == final), None)
+    times = {s: {"accepted_s": snap["accepted_s"][s].get(final), "serving_s": snap["serving_s"][s].get(final)}
+             for s in SITES}
+    canary_first = all(times[CANARY]["accepted_s"] is not None and times[s]["accepted_s"] is not None
+                       and times[CANARY]["serving_s"] is not None
+                       and times[CANARY]["accepted_s"] < times[s]["accepted_s"] for s in SITES[1:])
+    checked = mine is not None and any(c.startswith("held-out batch") for c in mine.get("checks", []))
+    result["rollout"] = {"name": RELEASE, "final_version": final, "canary": CANARY, "order": list(SITES),
+                         "final": times, "canary_first": canary_first, "canary_checked": checked,
+                         "events": snap["events"], "book": book}
+    for r in book:
+        rep.say(f"rollout {r['name']} v{r['version']}: {r['step']}"
+                + "".join(f"; {site} {st['state']}" for site, st in r["sites"].items())
+                + (f" ({'; '.join(r['checks'])})" if r.get("checks") else ""))
+    rep.say(f"v{final}: " + ", ".join(f"{s} listed it at {t['accepted_s']} s, served it at {t['serving_s']} s"
+                                      for s, t in times.items()))
+
+    task, x = (preload.result() if preload is not None else _load_task())
+    key = Identity.load("coordinator", work / "ckpt" / "coordinator.key").public_key_bytes
     ck, _ = CheckpointStore([work / "ckpt", work / "ckpt-replica"], trusted_key=key).load_latest()
     assert ck is not None
     net = task.Net()
     net.load_state_dict({n: torch.from_numpy(np.asarray(w)) for n, w in zip(ck.names, ck.weights)})
     net.eval()
-    x = next(iter(task.load_centralized_dataset()))[0][:50]
     with torch.no_grad():
         want = net(x).argmax(dim=1).numpy()
-    agree = 0
-    for i in range(len(x)):
-        out = client.infer(RELEASE, {"x": x[i:i + 1].numpy()}, timeout=5.0)
-        agree += int(np.argmax(next(iter(out.values())))) == int(want[i])
-    n = len(x)
-    result["release"] = {"release_version": rel["version"], "workload_version": wl["version"],
-                         "signer": rel.get("signer"), "placement": wl["placement"], "checked": n,
-                         "agreement": agree / n}
-    parts = sum(len(r["partitions"]) for r in wl["placement"])
-    rep.say(f"release v{rel['version']} (signed by {rel.get('signer')}) serving as {RELEASE} v{wl['version']} in "
-            f"{parts} partitions: {agree}/{n} predictions equal torch's")
-    return agree
+    total = 0
+    per_site: dict[str, Any] = {}
+    for s in sites.values():
+        wl = s.client.wait_running(RELEASE, timeout=60)
+        rel = (s.client.status(limit=0).get("releases") or {}).get(RELEASE) or {}
+        agree = 0
+        for i in range(len(x)):
+            out = s.client.infer(RELEASE, {"x": x[i:i + 1].numpy()}, timeout=5.0)
+            agree += int(np.argmax(next(iter(out.values())))) == int(want[i])
+        n = len(x)
+        total += agree
+        per_site[s.name] = {"release_version": rel.get("version"), "workload_version": wl["version"],
+                            "signer": rel.get("signer"), "placement": wl["placement"], "checked": n,
+                            "agreement": agree / n}
+        result["sites"][s.name]["release"] = per_site[s.name]
+        parts = sum(len(r["partitions"]) for r in wl["placement"])
+        rep.say(f"{s.name}: release v{rel.get('version')} (signed by {rel.get('signer')}) serving as {RELEASE} "
+                f"v{wl['version']} in {parts} partitions: {agree}/{n} predictions equal torch's")
+    c = per_site[CANARY]
+    result["release"] = {**c, "agreement": min(p["agreement"] for p in per_site.values()), "sites": per_site}
+    return total
+
+
+def _rollouts(ckpt: Path) -> list[dict[str, Any]]:
+    """The coordinator's rollout book (CKPT/rollouts.json), the parts a report shows."""
+    try:
+        doc = json.loads((ckpt / "rollouts.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [{"name": r["name"], "version": r["version"], "step": r["step"], "canary": r.get("canary"),
+             "order": r.get("order"), "checks": r.get("checks", []), "reason": r.get("reason", ""),
+             "sites": r.get("sites", {})} for r in doc.get("rollouts", [])]

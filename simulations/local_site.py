@@ -17,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from runtime.broker import free_port
 from runtime.errors import LocalViolation
@@ -54,7 +55,7 @@ class LocalSite:
             "--host", self.host] + ([] if self.zeroconf else ["--no-zeroconf"])
         return argv + (["--insecure"] if self.insecure else []) + self.args
 
-    def start(self, timeout: float = 60.0) -> "LocalSite":
+    def start(self, timeout: float = 60.0) -> LocalSite:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         err = open(self.log, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
@@ -132,7 +133,7 @@ class LocalSite:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def __enter__(self) -> "LocalSite":
+    def __enter__(self) -> LocalSite:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc: object) -> None:
@@ -169,6 +170,19 @@ class LocalSite:
             return Path(site.issue_credentials(name, role, None, time.time()))
         finally:
             site.close()
+
+    def operators_add(self, name: str, role: str = "operator", out: str | Path | None = None,
+                      timeout: float = 60.0) -> Path:
+        """``fogline operators add NAME --role ROLE --data-dir FOGDIR [--out DIR]``, run as the command an
+        operator types on the fog host; the credentials directory it wrote."""
+        argv = [sys.executable, "-m", "runtime.cli", "operators", "add", name, "--role", role,
+                "--data-dir", str(self.data_dir)] + (["--out", str(out)] if out is not None else [])
+        r = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, check=False,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise LocalViolation(f"fogline operators add {name} --role {role} failed ({r.returncode}): "
+                                 f"{(r.stderr or r.stdout).strip()[-600:]}")
+        return Path(out) if out is not None else self.credentials(name)
 
     def add_device_key(self, device_id: str, key: bytes) -> None:
         """``fogline devices add ID --key HEX`` (the --insecure path)."""
