@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from runtime.metric_families import Families
 
 __all__ = [
     "METRICS",
@@ -119,31 +121,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 # ------------------------------------------------------------------ pure: snapshot -> families
 
 
+def _families() -> Families:
+    return Families(PREFIX, METRICS)
+
+
 def _name(short: str) -> str:
     return f"{PREFIX}_{short}"
-
-
-class _Families:
-    """Builds the families of ``METRICS`` lazily; ``get`` alone exports a family without samples (typed, empty)."""
-
-    def __init__(self) -> None:
-        self.fams: dict[str, Metric] = {}
-
-    def get(self, short: str) -> Any:
-        fam = self.fams.get(short)
-        if fam is None:
-            kind, labels, doc = METRICS[short]
-            if kind == "gauge":
-                fam = GaugeMetricFamily(_name(short), doc, labels=labels)
-            elif kind == "counter":
-                fam = CounterMetricFamily(_name(short), doc, labels=labels)
-            else:  # an info family is named without its "_info" suffix
-                fam = InfoMetricFamily(_name(short)[:-len("_info")], doc, labels=labels)
-            self.fams[short] = fam
-        return fam
-
-    def add(self, short: str, value: float, *labels: str) -> None:
-        self.get(short).add_metric([str(x) for x in labels], float(value))
 
 
 def _reason(why: str) -> str:
@@ -171,7 +154,7 @@ def rollout_site_state(r: Mapping[str, Any], site: str) -> str:
 
 def families(snap: Mapping[str, Any]) -> list[Metric]:
     """The metric families of one snapshot (pure: no I/O, no clock; ``snap["now"]`` is the time)."""
-    f = _Families()
+    f = _families()
     now = float(snap["now"])
     cfg: Mapping[str, Any] = snap.get("config") or {}
     f.get("info").add_metric([], {"rule": str(cfg.get("rule", "")), "release": str(cfg.get("release", "")),
@@ -189,10 +172,10 @@ def families(snap: Mapping[str, Any]) -> list[Metric]:
             f.add("supervisor_restarts", int(restarts.get(component, 0)), component)
     if snap.get("site_service_errors") is not None:
         f.add("site_service_errors", int(snap["site_service_errors"]))
-    return [f.fams[k] for k in METRICS if k in f.fams]
+    return f.in_table_order()
 
 
-def _rounds(f: _Families, snap: Mapping[str, Any], now: float, rule: str) -> None:
+def _rounds(f: Families, snap: Mapping[str, Any], now: float, rule: str) -> None:
     ck: Mapping[str, Any] = snap.get("checkpoint") or {}
     report: Mapping[str, Any] | None = snap.get("report")
     done = bool(report and report.get("done"))
@@ -233,7 +216,7 @@ def _rounds(f: _Families, snap: Mapping[str, Any], now: float, rule: str) -> Non
                 f.add("model_metric", v, str(k))
 
 
-def _checkpoints(f: _Families, snap: Mapping[str, Any], now: float) -> None:
+def _checkpoints(f: Families, snap: Mapping[str, Any], now: float) -> None:
     ck: Mapping[str, Any] = snap.get("checkpoint") or {}
     for replica, r in sorted((snap.get("replicas") or {}).items()):
         if r.get("round") is not None:
@@ -248,7 +231,7 @@ def _checkpoints(f: _Families, snap: Mapping[str, Any], now: float) -> None:
         f.add("checkpoint_verification_failures", n, why)
 
 
-def _releases(f: _Families, snap: Mapping[str, Any]) -> None:
+def _releases(f: Families, snap: Mapping[str, Any]) -> None:
     book: Mapping[str, Any] = snap.get("book") or {}
     rollouts: list[Mapping[str, Any]] = list(book.get("rollouts") or ())
     rollbacks = {(str(r["name"]), int(r["rollback"]["as_version"])) for r in rollouts if r.get("rollback")}
@@ -293,7 +276,7 @@ def _releases(f: _Families, snap: Mapping[str, Any]) -> None:
                 f.add("rollout_state", 1 if s == state else 0, name, str(site), s)
 
 
-def _sites(f: _Families, snap: Mapping[str, Any], now: float) -> None:
+def _sites(f: Families, snap: Mapping[str, Any], now: float) -> None:
     status: Mapping[str, Any] = snap.get("status") or {}
     at = status.get("at")
     fresh = at is not None and now - float(at) < STATUS_FRESH_S and not status.get("stopped")

@@ -25,13 +25,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.exposition import choose_encoder
+
+from runtime.metric_families import Families
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -137,34 +136,12 @@ def snapshot(svc: FogService, now: float | None = None) -> dict[str, Any]:
 # ------------------------------------------------------------------ pure: snapshot -> families
 
 
+def _families() -> Families:
+    return Families(PREFIX, METRICS)
+
+
 def _name(short: str) -> str:
     return f"{PREFIX}_{short}"
-
-
-class _Families:
-    """Builds the families of ``METRICS`` lazily; a family with no sample is still exported (typed, empty)."""
-
-    def __init__(self) -> None:
-        self.fams: dict[str, Metric] = {}
-
-    def get(self, short: str) -> Any:
-        fam = self.fams.get(short)
-        if fam is None:
-            kind, labels, doc = METRICS[short]
-            name = _name(short)
-            if kind == "gauge":
-                fam = GaugeMetricFamily(name, doc, labels=labels)
-            elif kind == "counter":
-                fam = CounterMetricFamily(name, doc, labels=labels)
-            elif kind == "histogram":
-                fam = HistogramMetricFamily(name, doc, labels=labels)
-            else:  # an info family is named without its "_info" suffix
-                fam = InfoMetricFamily(name[:-len("_info")], doc, labels=labels)
-            self.fams[short] = fam
-        return fam
-
-    def add(self, short: str, value: float, *labels: str) -> None:
-        self.get(short).add_metric(list(labels), float(value))
 
 
 def _histogram(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
@@ -194,7 +171,7 @@ def bucket_counts(values: Iterable[float], bounds: Sequence[float]) -> list[int]
 
 def families(snap: Mapping[str, Any]) -> list[Metric]:
     """The metric families of one snapshot (pure)."""
-    f = _Families()
+    f = _families()
     st: Mapping[str, Any] = snap["status"]
     f.get("info").add_metric([], {"fog_id": str(st.get("fog_id", "")), "site": str(st.get("site", "")),
                                   "epoch": str(st.get("epoch", "")),
@@ -259,7 +236,7 @@ def families(snap: Mapping[str, Any]) -> list[Metric]:
     lat_fam = f.get("inference_latency_seconds")
     for w, h in sorted((snap.get("latency") or {}).items()):
         lat_fam.add_metric([str(w)], _histogram(h["bounds"], h["counts"]), sum_value=float(h["sum"]))
-    return [f.fams[k] for k in METRICS if k in f.fams]
+    return f.in_table_order()
 
 
 # Which counter of which source goes where: (source, key or prefix, metric, label or None).
@@ -339,7 +316,7 @@ def _route(source: str, key: str) -> tuple[str, str | None]:
     return "events", key if source in ("service", "ingest", "other") else f"{source}.{key}"
 
 
-def _counters(f: _Families, snap: Mapping[str, Any]) -> None:
+def _counters(f: Families, snap: Mapping[str, Any]) -> None:
     values: dict[tuple[str, str | None], float] = {}
     for short, (kind, labels, _) in METRICS.items():
         if kind == "counter":
@@ -369,7 +346,7 @@ def scrape_families(snap: Mapping[str, Any] | None, took_s: float) -> list[Metri
     only ``owner_responsive 0``; either way with the time the snapshot took."""
     if snap is None:
         # a stuck owner loop is itself the most important figure: say so instead of failing the scrape
-        f = _Families()
+        f = _families()
         f.add("owner_responsive", 0)
         out = list(f.fams.values())
     else:
