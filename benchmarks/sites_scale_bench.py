@@ -10,7 +10,7 @@ Everything is a real process on this machine:
   each agent enrolled over HTTPS with a bootstrap token and connected over TLS;
 * the coordinator: a process running ``SiteService`` (what ``fogline coordinator`` and ``fogline sites
   release`` run for their sites) with one connection per site identity, each through its own WAN relay
-  (as ``tests/integration/test_site_autonomy.py``'s ``WanLink``: a cut drops everything, closes nothing).
+  (``simulations.wan_relay.WanLink``, as in the site-autonomy test: a cut drops everything, closes nothing).
   Releases are put in its outbox the way its ServerApp does.
 
 Each site serves ``svc`` (``release:okm``, 2 replicas) under a small load generator (a ``FogClient`` of
@@ -37,9 +37,7 @@ import argparse
 import json
 import logging
 import os
-import select
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._emit import emit
+from simulations.wan_relay import WanLink
 
 ROOT = Path(__file__).resolve().parents[1]
 SITES = ("a", "b", "c")            # a: canary; b: the device kill; c: the WAN cut
@@ -82,90 +81,6 @@ def _wait(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.25
 
 
 # ---------------------------------------------------------------- the WAN relay
-
-
-class WanRelay:
-    """TCP relay 127.0.0.1:port -> target, cut like a WAN (nothing moves, nothing closes) and healed.
-
-    The same contract as ``WanLink`` in tests/integration/test_site_autonomy.py: during a cut new
-    connections are held unanswered; at the heal every connection that lived through the cut is reset.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target = ("127.0.0.1", target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._cut = threading.Event()
-        self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._live: list[socket.socket] = []
-        self.connections = 0
-        threading.Thread(target=self._accept, name="wan-accept", daemon=True).start()
-
-    def cut(self) -> None:
-        self._cut.set()
-
-    def heal(self) -> None:
-        with self._lock:
-            doomed, self._live = self._live, []
-        for s in doomed:
-            _reset(s)
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        self.heal()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._live.append(client)
-            if self._cut.is_set():
-                continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _reset(client)
-                continue
-            with self._lock:
-                self._live.append(upstream)
-                self.connections += 1
-            threading.Thread(target=self._relay, args=(client, upstream), name="wan-relay", daemon=True).start()
-
-    def _relay(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while not self._closed.is_set():
-                if self._cut.is_set():
-                    time.sleep(0.05)
-                    continue
-                r, _, _ = select.select([a, b], [], [], 0.2)
-                if self._cut.is_set():
-                    continue
-                for s in r:
-                    data = s.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed")
-                    (b if s is a else a).sendall(data)
-        except (OSError, ValueError, ConnectionError):
-            pass
-        for s in (a, b):
-            _reset(s)
-
-
-def _reset(s: socket.socket) -> None:
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------- processes and memory
@@ -248,7 +163,7 @@ class Site:
         self.name, self.tmp = name, tmp
         self.groups, self.per_group, self.interval = groups, per_group, interval
         self.fog: Any = None
-        self.relay: WanRelay | None = None
+        self.relay: WanLink | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ids: dict[str, list[str]] = {}
         self.admin: Any = None
@@ -269,7 +184,7 @@ class Site:
         self.cloud = self.fog.issue("cloud", role="coordinator")
         self.load_creds = self.fog.issue("load", role="operator")
         self.admin = self.fog.client()
-        self.relay = WanRelay(self.fog.port)
+        self.relay = WanLink(self.fog.port)
 
     def agents_of(self, g: int) -> list[dict[str, Any]]:
         out = []

@@ -12,7 +12,7 @@ authenticated with Flower's SuperNode keys over TLS, the digits app:
   the run finishes with site-b and all its devices back.
 
 The model still learns (central accuracy). The sites reach the cloud only
-through a counting proxy (the WAN); the bytes it saw are printed (with a
+through a ``WanLink`` relay that counts bytes (the WAN); the bytes it saw are printed (with a
 model this small, Flower's polling, heartbeats and the app's FAB dominate;
 ``fogline bench hierarchy`` compares the update bytes of flat and two-level
 rounds).
@@ -20,10 +20,8 @@ rounds).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -34,59 +32,12 @@ from _coordinator import VENV_BIN, Deployment, kill_tree
 
 from cloud_coordinator.app import bundled_app
 from runtime.broker import free_port
+from simulations.wan_relay import WanLink
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 SITES = ("site-a", "site-b", "site-c")
 DEVICES = {"site-a": 4, "site-b": 3, "site-c": 3}  # site-a: 3 usable besides its NaN device (trimmed mean, f=1)
 ROUNDS = 3
-
-
-class CountingProxy:
-    """TCP proxy in front of the cloud SuperLink: every byte between the sites and the cloud is counted."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target = target_port
-        self.srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self.srv.getsockname()[1]
-        self.up = 0
-        self.down = 0
-        self.lock = threading.Lock()
-        self.stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        self.srv.settimeout(0.5)
-        while not self.stop:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                continue
-            try:
-                s = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            except OSError:
-                c.close()
-                continue
-            threading.Thread(target=self._pipe, args=(c, s, "up"), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
-
-    def _pipe(self, a: socket.socket, b: socket.socket, way: str) -> None:
-        try:
-            while data := a.recv(1 << 16):
-                with self.lock:
-                    setattr(self, way, getattr(self, way) + len(data))
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for x in (a, b):
-                try:
-                    x.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.stop = True
-        self.srv.close()
 
 
 def _site(dep: Deployment, site: str, cloud_port: int, procs: list[subprocess.Popen[bytes]],
@@ -145,7 +96,7 @@ def _aggregator(dep: Deployment, site: str, port: int, cloud_port: int, procs: l
 
 def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: Path) -> None:
     dep = Deployment(tmp_path)
-    proxy = CountingProxy(dep.port)
+    proxy = WanLink(dep.port)  # never cut here: it counts what crosses the WAN
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for s in SITES:

@@ -2,7 +2,7 @@
 
 Real parts: ``fogline broker`` (its own mosquitto, TLS, ACL), enrolled agents in their own processes,
 and the coordinator's ``SiteService`` (the sites half of ``fogline coordinator``) in this process, its
-one connection to the site going through ``WanLink``: a TCP relay that the test cuts like a WAN (no
+one connection to the site going through ``WanLink`` (``simulations.wan_relay``): a TCP relay that the test cuts like a WAN (no
 byte moves either way, nothing is closed: no FIN, no RST, so both ends find out by their keepalives)
 and heals (the connections of the cut are gone, as a NAT or a rebooted router would leave them).
 The agents, the fog and the test's operators talk to the site's mosquitto directly: only the
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,8 +31,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _chaos_harness import wait_for
 
 from runtime.broker import find_mosquitto
+from simulations.wan_relay import WanLink
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -44,107 +44,6 @@ if find_mosquitto() is None:  # pragma: no cover - make test installs it
 ROOT = Path(__file__).resolve().parents[2]
 ONE = {"model": "zoo:mlp", "source": "cam", "sink": "cam", "max_partitions": 1}   # one partition, one host
 SHORT_TIMEOUTS = {"baseline_timeout_s": 6.0, "accept_timeout_s": 6.0, "site_timeout_s": 6.0}  # the cut is longer
-
-
-def _wait(pred: Any, timeout: float, what: str, step: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except Exception as exc:  # noqa: BLE001 - a process still starting answers with errors
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
-
-
-class WanLink:
-    """A TCP relay 127.0.0.1:port -> target that can be cut like a WAN and healed.
-
-    Cut: nothing is read, forwarded or closed on any connection, and new connections are held
-    unanswered (the TCP handshake completes locally, the TLS one never does): both ends see
-    silence, as when packets are dropped. Heal: every connection that lived through the cut is
-    reset (its TCP state is gone, as after a NAT timeout); new ones are relayed again.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target = ("127.0.0.1", target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._cut = threading.Event()
-        self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._live: list[socket.socket] = []      # every open socket (both sides of each relayed connection)
-        self.connections = 0                      # relayed connections made (the coordinator's reconnects)
-        threading.Thread(target=self._accept, name="wan-accept", daemon=True).start()
-
-    def cut(self) -> None:
-        self._cut.set()
-
-    def heal(self) -> None:
-        with self._lock:
-            doomed, self._live = self._live, []
-        for s in doomed:
-            _reset(s)
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        self.heal()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._live.append(client)
-            if self._cut.is_set():
-                continue  # held: never answered, reset at heal
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _reset(client)
-                continue
-            with self._lock:
-                self._live.append(upstream)
-                self.connections += 1
-            threading.Thread(target=self._relay, args=(client, upstream), name="wan-relay", daemon=True).start()
-
-    def _relay(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while not self._closed.is_set():
-                if self._cut.is_set():
-                    time.sleep(0.05)  # dropped on the floor: nothing moves, nothing closes
-                    continue
-                r, _, _ = select.select([a, b], [], [], 0.2)
-                if self._cut.is_set():
-                    continue
-                for s in r:
-                    data = s.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed")
-                    (b if s is a else a).sendall(data)
-        except (OSError, ValueError, ConnectionError):
-            pass
-        for s in (a, b):
-            _reset(s)
-
-
-def _reset(s: socket.socket) -> None:
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass
 
 
 class Site:
@@ -254,7 +153,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
     wan = WanLink(fog.port)
     ck = tmp_path / "ck"
     try:
-        _wait(lambda: sum(d["alive"] for d in admin.status()["devices"]) >= 4, 60, "four agents alive")
+        wait_for("four agents alive", lambda: sum(d["alive"] for d in admin.status()["devices"]) >= 4, 60)
         admin.deploy({"workloads": [
             {**ONE, "name": "svc", "selectors": {"role": "serve"}},
             {**ONE, "name": "vic", "selectors": {"role": "worker"}}]})
@@ -285,11 +184,11 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
             assert doc["coordinator_running"], doc
             return dict(doc["sites"][0])
 
-        _wait(lambda: status_row()["reachable"] is True, 30, "the coordinator to reach the site")
-        _wait(lambda: latest_summary(key) is not None, 20, "a first summary at the coordinator")
+        wait_for("the coordinator to reach the site", lambda: status_row()["reachable"] is True, 30)
+        wait_for("a first summary at the coordinator", lambda: latest_summary(key) is not None, 20)
 
         load = Load(admin, x, want).start()
-        _wait(lambda: load.ok >= 3, 20, "svc answering")
+        wait_for("svc answering", lambda: load.ok >= 3, 20)
 
         # ------------------------------------------------------------------ the cut
         wan.cut()
@@ -313,7 +212,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
             w = _workload(admin.status(), "vic")
             return bool(w and w["healthy_replicas"] >= 1 and _hosts(w) == {other})
 
-        _wait(replaced, 30, f"vic re-placed from {victim} to {other}")
+        wait_for(f"vic re-placed from {victim} to {other}", replaced, 30)
         print(f"vic re-placed from {victim} to {other} in {time.monotonic() - t_kill:.1f} s, still cut off")
         assert admin.infer("vic", {"x": x}, timeout=5)["logits"].shape == want.shape
 
@@ -327,7 +226,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
             row = status_row()
             return row["reachable"] is False and "no MQTT connection" in (row["error"] or "")
 
-        _wait(shown_cut_off, 45, "the site shown cut off")
+        wait_for("the site shown cut off", shown_cut_off, 45)
         shown = _fogline("sites", "status", "--checkpoint-dir", str(ck)).stdout
         lines = [ln for ln in shown.splitlines() if ln.startswith("  a: ")]
         print(shown)
@@ -336,7 +235,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
         assert any(ln.split()[:4] == ["a", "canary", f"127.0.0.1:{wan.port}", "NO"] for ln in shown.splitlines())
 
         # nothing reached the coordinator during the cut, and the release waits (longer than its timeouts)
-        _wait(lambda: time.monotonic() - t_cut > 2 * SHORT_TIMEOUTS["baseline_timeout_s"], 30, "a long cut")
+        wait_for("a long cut", lambda: time.monotonic() - t_cut > 2 * SHORT_TIMEOUTS["baseline_timeout_s"], 30)
         summ = latest_summary(key)
         assert summ is not None and summ.timestamp < wall_cut + 1.0, "a summary crossed the cut link"
         book = json.loads((ck / "rollouts.json").read_text())
@@ -348,13 +247,13 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
         # ------------------------------------------------------------------ the link returns
         wan.heal()
         t_heal, wall_heal = time.monotonic(), time.time()
-        _wait(lambda: status_row()["reachable"] is True, 30, "the site reachable again")
+        wait_for("the site reachable again", lambda: status_row()["reachable"] is True, 30)
         t_back = time.monotonic()
         def summary_after_heal() -> Any:
             s = latest_summary(key)
             return s if s is not None and s.timestamp > wall_heal else None
 
-        fresh = _wait(summary_after_heal, 20, "a summary from after the cut")
+        fresh = wait_for("a summary from after the cut", summary_after_heal, 20)
         alive = {d.device_id: d.alive for d in fresh.devices}
         assert alive.get(victim) is False and alive.get(other) is True, alive   # the kill, as the site saw it
         assert service.drain(30), service.snapshot()
@@ -365,7 +264,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
         assert rel["version"] == 1 and rel["signer"] == "cloud" and rel["model"] == f"file:{v1.sha256}", rel
         published = json.loads((ck / RELEASES_DIR / "published.json").read_text())
         assert published["okm-v000000001.release"]["sites"] == ["a"], published
-        _wait(lambda: status_row()["releases"] == {"okm": 1}, 10, "the release listed by `fogline sites status`")
+        wait_for("the release listed by `fogline sites status`", lambda: status_row()["releases"] == {"okm": 1}, 10)
         row = status_row()
         assert row["reachable"] is True and row["error"] is None
         text = _fogline("sites", "status", "--checkpoint-dir", str(ck)).stdout
