@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench venv mosquitto chromium clean
+.PHONY: demo test test-stress test-arm64 test-fast check bench venv mosquitto chromium clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,12 +38,39 @@ chromium:
 	    echo "warning: no headless Chromium: the site page test will be skipped (apt-get install chromium chromium-driver)" >&2; \
 	  fi; }
 
+# PYTEST_ARGS narrows the run (e.g. make test PYTEST_ARGS="tests/runtime -x").
+PYTEST_ARGS ?= tests
 test: $(STAMP) mosquitto chromium
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
-	  $(BIN)/python -m pytest -q tests
+	  $(BIN)/pytest -q $(PYTEST_ARGS)
+
+# make test beside STRESS_HOGS CPU-burning processes (the suite must not need a quiet machine);
+# the hogs live as long as the run and it prints the suite's time.
+STRESS_HOGS ?= 4
+test-stress: $(STAMP)
+	$(BIN)/python tests/hogs.py --hogs $(STRESS_HOGS) -- $(MAKE) --no-print-directory test PYTEST_ARGS="$(PYTEST_ARGS)"
+
+# The static gate (not yet a prerequisite of `test`): lint, types, import contracts. Each tool
+# reads its settings from pyproject.toml ([tool.ruff], [tool.mypy], [tool.importlinter]); all
+# three run, and the target fails if any of them did.
+check: $(STAMP)
+	@rc=0; \
+	$(BIN)/ruff check --output-format concise runtime models edge_agent fog_broker cloud_coordinator simulations benchmarks tests || rc=1; \
+	$(BIN)/mypy || rc=1; \
+	$(BIN)/lint-imports || rc=1; \
+	$(BIN)/vermin --target=3.10- --violations --no-tips --eval-annotations runtime edge_agent || rc=1; \
+	exit $$rc
+
+# The agent on arm64: a Debian bookworm arm64 root file system under qemu-user (built once, cached in
+# /var/cache/fogline-arm64), the agent installed there from this project's wheel, enrolled against an
+# x86 fog on loopback and serving a partition. Needs root; slow (minutes; the first build takes longer).
+test-arm64: $(STAMP) mosquitto
+	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FOGLINE_ARM64=1 FLWR_TELEMETRY_ENABLED=0 \
+	  $(BIN)/pytest -q -s tests/arm64/test_agent_arm64.py
 
 test-fast: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" $(BIN)/python -m pytest -q -m "not slow" tests
+	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
+	  $(BIN)/pytest -q -m "not slow" tests
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \

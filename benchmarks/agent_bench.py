@@ -19,8 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
 from benchmarks._emit import emit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +32,7 @@ IMPORT_TARGET_S = 1.0
 
 
 def _rss_mb(pid: int) -> float:
-    import psutil  # noqa: PLC0415
+    import psutil
 
     return float(psutil.Process(pid).memory_info().rss) / MB
 
@@ -78,10 +80,10 @@ def _idle_rss(stmt: str, settle: float = 0.5) -> float:
 def _link_inner(rate_mbit: float) -> int:
     """Inside a private network namespace with a shaped loopback: estimate the uplink as the agent does."""
     sys.path.insert(0, str(REPO))
-    from edge_agent.acks import watcher  # noqa: PLC0415
-    from edge_agent.stats import LinkEstimator  # noqa: PLC0415
-    from runtime.broker import BrokerConfig, MosquittoBroker  # noqa: PLC0415
-    from runtime.mqtt import MqttClient  # noqa: PLC0415
+    from edge_agent.acks import watcher
+    from edge_agent.stats import LinkEstimator
+    from runtime.broker import BrokerConfig, MosquittoBroker
+    from runtime.mqtt import MqttClient
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = MosquittoBroker(BrokerConfig(data_dir=Path(tmp), persistence=False)).start()
@@ -114,7 +116,7 @@ def _link_inner(rate_mbit: float) -> int:
 
 def _link_estimate(rate_mbit: float) -> dict[str, Any]:
     """Shape a private namespace's loopback with tc tbf (needs root + unshare); never touches the host's."""
-    import shutil  # noqa: PLC0415
+    import shutil
 
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("tc"):
         return {"skipped": "needs root, unshare and tc"}
@@ -146,9 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-    from _agent_harness import kill  # noqa: PLC0415
+    from simulations.local_site import LocalSite
 
-    from simulations.local_site import LocalSite  # noqa: PLC0415
+    from _agent_harness import kill
 
     result: dict[str, Any] = {"benchmark": "agent", "python": sys.version.split()[0],
                               "cpus": os.cpu_count(), "load_avg_1m_start": round(os.getloadavg()[0], 2)}

@@ -44,8 +44,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from cloud_coordinator import aggregation as agg  # noqa: E402
 from benchmarks._emit import emit  # noqa: E402
+from cloud_coordinator import aggregation as agg  # noqa: E402
 
 
 def _thread_limit() -> tuple[contextlib.AbstractContextManager[Any], str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+
 from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]

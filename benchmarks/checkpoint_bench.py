@@ -13,10 +13,10 @@ import random
 import statistics
 import sys
 
+from benchmarks._emit import emit
 from cloud_coordinator.policy import CheckpointPolicy, estimate_mtbf, rounds_between_checkpoints
 from simulations.churn import FailureModel, fault_schedule
 from simulations.goodput import RunModel, simulate_run
-from benchmarks._emit import emit
 
 
 def measure_mtbf(true_mtbf_s: float, horizon_s: float, seed: int) -> tuple[float, int]:

@@ -8,6 +8,8 @@ stdout, writes ``out/bench/fog.json``, a human summary on stderr. Baselines come
   verifying and ingesting adverts from N simulated agents (pre-signed states, 1,000 identities):
   ``fog_verified_*`` with Ed25519-signed states, ``fog_mac_*`` with session-MAC states (births
   still signed and offering an X25519 key, as edge agents do). Each run notes the load average.
+* fair share: the same ingest (2 verify processes, session-MAC states over TLS) with the per-sender
+  budgets on and off (``ServiceConfig.fair_share``), alternated in the same run; prints on/off.
 * failover: real edge agents (in this process) under a live fog broker; the agent running a
   partition is crashed (socket dropped, the broker publishes its Will) repeatedly; we time
   kill -> detection -> replacement running, against the plain deploy latency (send -> ack).
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
 from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,9 +132,9 @@ def _wait(pred: Any, timeout: float, step: float = 0.005) -> bool:
 
 
 def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
+    from fog_broker._verify_pool import open_session
     from fog_broker.registry import Registry
     from runtime import codec
-    from fog_broker._verify_pool import open_session
     from runtime.security import SessionKeyPair, TrustStore, Verifier
     ids = _identities(n_ids)
     births, states = _frames("bench", ids, per, 1, True)
@@ -171,7 +176,7 @@ class _Site:
 
     def __init__(self, tmp: Path, name: str, ids: list[Any], tls: bool, conns: int) -> None:
         from fog_broker.site import Site
-        from runtime.broker import BrokerConfig, MosquittoBroker, acl_for
+        from runtime.broker import BrokerConfig, MosquittoBroker
         self.site = Site(tmp / f"fog-{name}", site=name)
         now = time.time()
         for i in ids:
@@ -198,14 +203,10 @@ class _Site:
         self.broker.stop()
 
 
-def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, int, str, bool]],
-                 tmp: Path) -> dict[str, Any]:
-    from fog_broker.service import FogService, ServiceConfig
+def _transport_only(ids: list[Any], per: int, conns: int, tmp: Path) -> dict[str, Any]:
+    """The transport ceiling: a subscriber that only counts (plain TCP)."""
     from runtime.broker import BrokerConfig, MosquittoBroker
     from runtime.mqtt import MqttClient
-    res: dict[str, Any] = {"agents": n_ids, "states_per_agent": per, "publisher_connections": conns}
-    ids = _identities(n_ids)
-    # transport ceiling: a subscriber that only counts (plain TCP)
     b = MosquittoBroker(BrokerConfig(data_dir=tmp / "mqtt-ingest", port=0, persistence=False)).start()
     try:
         _, states = _frames("base", ids, per, 1, False)
@@ -224,17 +225,28 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
         pub_s = _publish(b.port, states, tmp, conns)
         _wait(lambda: got[0] >= len(states), 60, 0.02)
         sub.stop()
-        res["transport_only"] = {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
-                                 "publisher_per_s": round(len(states) / pub_s)}
+        return {"received": got[0], "per_s": round(got[0] / max(got[2] - got[1], 1e-9)),
+                "publisher_per_s": round(len(states) / pub_s)}
     finally:
         b.stop()
-    for mode, w, auth, tls in modes:
-        name = f"ing{mode[0]}{w}{auth}{'tls' if tls else 'tcp'}"
+
+
+def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[Any, ...]],
+                 tmp: Path, transport: bool = True) -> dict[str, Any]:
+    """Each mode is (threads|processes, workers, sig|mac, tls[, fair_share (default on)])."""
+    from fog_broker.service import FogService, ServiceConfig
+    res: dict[str, Any] = {"agents": n_ids, "states_per_agent": per, "publisher_connections": conns}
+    ids = _identities(n_ids)
+    if transport:
+        res["transport_only"] = _transport_only(ids, per, conns, tmp)
+    for mode, w, auth, tls, *more in modes:
+        fair = bool(more[0]) if more else True
+        name = f"ing{mode[0]}{w}{auth}{'tls' if tls else 'tcp'}{'' if fair else 'nolim'}{time.time_ns() % 10_000}"
         site = _Site(tmp, name, ids, tls, conns)
         svc = FogService(ServiceConfig(data_dir=site.site.dir, site=name, fog_id=site.site.fog_id,
                                        mqtt_port=site.broker.port, tls=site.fog_tls, state_interval_s=1000.0,
                                        verify_workers=w, verify_processes=mode == "processes",
-                                       summary_interval_s=1000.0), site=site.site).start()
+                                       summary_interval_s=1000.0, fair_share=fair), site=site.site).start()
         try:
             births, states = _frames(name, ids, per, 1, True, svc.session.public_bytes if auth == "mac" else None)
             _publish(site.broker.port, births, tmp, conns, site.pub_tls)
@@ -258,17 +270,83 @@ def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[str, in
             first = next((t for t, n in marks if n > 0), marks[0][0])
             last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
             n = svc.ingest.counts()["in:STATE"] - base
-            res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}_{'tls' if tls else 'tcp'}"] = {
+            res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}_{'tls' if tls else 'tcp'}"
+                + ("" if fair else "_limits_off")] = {
                 "loadavg_before": load0,
                 "verified": n, "per_s": round(n / max(last - first, 1e-9)),
                 "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
                 "rejected": dict(svc.rejections()),
                 "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
+                "limited": {k: v for k, v in svc.ingest.counts().items() if k.startswith("limited:")},
             }
         finally:
             svc.stop()
             site.close()
     return res
+
+
+def _intake_cpu(n_ids: int, per: int, rounds: int) -> dict[str, Any]:
+    """Single-thread CPU of the intake (``Ingest.on_device``: topic, size, trust, budget, lane) per
+    advert with the budgets off and on, alternated; then the whole single-thread path of a
+    session-MAC state (intake + ``Verifier.open`` + registry) both ways. Thread CPU time (not wall
+    time: a loaded machine deschedules us at random), the best of ``rounds``."""
+    from fog_broker.ingest import DEVICE_SHARE, Ingest
+    from fog_broker.registry import Registry
+    from runtime.mqtt import Inbound
+    from runtime.security import SessionKeyPair, TrustStore
+    ids = _identities(n_ids)
+    fog = SessionKeyPair()
+    births, states = _frames("bench", ids, per, 1, True, fog.public_bytes)
+    trust = TrustStore({i.name: i.public_key_bytes for i in ids})
+    best: dict[str, float] = {}
+    full: dict[str, float] = {}
+    for _ in range(rounds):
+        for label, share in (("off", None), ("on", DEVICE_SHARE)):
+            ing = Ingest(trust, fog, lambda item: None, shards=2, share=share)
+            t0 = time.monotonic()
+            msgs = [Inbound(t, b, t0 + k * 1e-4) for k, (t, b) in enumerate(births + states)]
+            t = time.thread_time()
+            for m in msgs:
+                ing.on_device(m)
+            dt = time.thread_time() - t
+            best[label] = min(best.get(label, math.inf), dt / len(msgs) * 1e6)
+            # the whole path in this thread: what was queued, verified and registered
+            reg = Registry()
+            out: list[Any] = []
+            t = time.thread_time()
+            for sh in ing._shards:
+                for m, pt in sh.lanes.take(10**9) if len(sh.lanes) else ():
+                    ing._local(sh, m, pt, out)
+            for item in out:
+                if item[0] == "advert":
+                    reg.handle(item[1], 1.0)
+            full[label] = min(full.get(label, math.inf), (time.thread_time() - t + dt) / len(msgs) * 1e6)
+            assert len(out) >= len(msgs), (label, len(out), len(msgs))  # nothing limited in this load
+    return {"adverts": len(births) + len(states), "intake_us_off": round(best["off"], 2),
+            "intake_us_on": round(best["on"], 2), "path_us_off": round(full["off"], 2),
+            "path_us_on": round(full["on"], 2),
+            "cpu_ratio_on_off": round(full["off"] / full["on"], 3)}
+
+
+def bench_fair_share(n_ids: int, per: int, conns: int, rounds: int, tmp: Path) -> dict[str, Any]:
+    """Ingest with the per-sender budgets off, then on, ``rounds`` times (same run, same load)."""
+    cpu = _intake_cpu(n_ids, per, max(rounds, 5))
+    mode = ("processes", 2, "mac", True)
+    runs: dict[str, list[int]] = {"off": [], "on": []}
+    limited: dict[str, int] = {}
+    for _ in range(rounds):
+        for label, fair in (("off", False), ("on", True)):
+            r = bench_ingest(n_ids, per, conns, [(*mode, fair)], tmp, transport=False)
+            row = next(v for k, v in r.items() if k.startswith("fog_"))
+            runs[label].append(int(row["per_s"]))
+            for k, v in row["limited"].items():
+                limited[k] = limited.get(k, 0) + int(v)
+    best = {k: max(v) for k, v in runs.items()}
+    return {"mode": "2 verify processes, session-MAC states, TLS", "agents": n_ids, "states_per_agent": per,
+            "cpu_single_thread": cpu, "per_s_off": runs["off"], "per_s_on": runs["on"],
+            "best_off": best["off"], "best_on": best["on"],
+            "ratio_on_off": round(best["on"] / max(best["off"], 1), 3), "goal": 0.95,
+            "limited_with_limits_on": limited, "loadavg": round(os.getloadavg()[0], 2)}
 
 
 # ---------------------------------------------------------------- failover
@@ -383,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--workers", type=int, default=6, help="worker agents in the failover fleet")
     ap.add_argument("--connections", type=int, default=4, help="publisher MQTT connections")
-    ap.add_argument("--skip", choices=("ingest", "failover"), action="append", default=[])
+    ap.add_argument("--skip", choices=("ingest", "fairshare", "failover"), action="append", default=[])
+    ap.add_argument("--rounds", type=int, default=2, help="off/on rounds of the fair-share comparison")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.ERROR)
     if args.quick:
@@ -399,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.quick:
                 modes = [("threads", 1, "sig", True), ("threads", 2, "mac", True)] + modes
             out["ingest_mqtt"] = bench_ingest(args.agents, args.states, args.connections, modes, tmp)
+        if "fairshare" not in args.skip:
+            out["fair_share"] = bench_fair_share(args.agents, args.states, args.connections, args.rounds, tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
     emit("fog", out)
@@ -417,6 +498,15 @@ def _human(out: dict[str, Any]) -> None:
         lines.append(f"ingest via mosquitto ({ing['agents']} agents): transport only "
                      f"{ing['transport_only']['per_s']}/s; " + ", ".join(
                          f"{k[len('fog_'):]} {v['per_s']}/s" for k, v in ing.items() if k.startswith("fog_")))
+    fs = out.get("fair_share")
+    if fs:
+        c = fs["cpu_single_thread"]
+        lines.append(f"fair share, CPU per advert (1 thread): intake {c['intake_us_off']} us off, {c['intake_us_on']}"
+                     f" us on; whole path {c['path_us_off']} us off, {c['path_us_on']} us on = "
+                     f"{c['cpu_ratio_on_off']}x throughput (goal >= {fs['goal']}x)")
+        lines.append(f"fair share via mosquitto ({fs['mode']}): limits on {fs['best_on']}/s vs off {fs['best_off']}/s"
+                     f" = {fs['ratio_on_off']}x (best of {len(fs['per_s_on'])}; load {fs['loadavg']}); dropped with "
+                     f"limits on: {fs['limited_with_limits_on'] or 'none'}")
     fo = out.get("failover")
     if fo and "kill_to_replacement_running" in fo:
         k, r, p = fo["kill_to_replacement_running"], fo["detection_to_replacement_running"], \

@@ -11,16 +11,27 @@ import random
 import statistics
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from benchmarks._emit import emit
 from fog_broker.placement import (
-    ChainProfile, Device, Fleet, PartitionPlacement, Segment, Workload, chain_cost, schedule,
+    ChainProfile,
+    Device,
+    Fleet,
+    PartitionPlacement,
+    Segment,
+    Workload,
+    chain_cost,
+    schedule,
     validate_plan,
 )
 from fog_broker.placement.cost import (
-    compute_energy, compute_time, transfer_energy, transfer_time,
+    compute_energy,
+    compute_time,
+    transfer_energy,
+    transfer_time,
 )
-from benchmarks._emit import emit
 
 TYPES = [  # name, flops, memory, uplink, downlink, rtt, active W
     ("pi4", 6e9, 1.5e9, 5e7, 5e7, 4e-3, 6.0),
@@ -308,8 +319,8 @@ def run(quick: bool) -> dict[str, Any]:
     for fam in ("loose", "tight", "tight_scaled"):
         gaps: dict[str, list[float]] = {"fogline": [], "neurosurgeon": [], "greedy": [],
                                         "first_fit": []}
-        infeasible = {k: 0 for k in gaps}
-        optimal = {k: 0 for k in gaps}
+        infeasible = dict.fromkeys(gaps, 0)
+        optimal = dict.fromkeys(gaps, 0)
         done = 0
         while done < n_inst:
             if fam != "tight":

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._emit import OUT_DIR, emit
 from cloud_coordinator import aggregation as agg
 from cloud_coordinator import attacks as atk
-from benchmarks._emit import OUT_DIR, emit
 
 OUT_JSON = OUT_DIR / "robustness.json"
 OUT_PNG = OUT_DIR / "robustness.png"

@@ -27,8 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,11 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runtime import codec  # noqa: E402
-from runtime.errors import DecodeError  # noqa: E402
-from runtime.messages import CommandAck, Deploy, DeviceState, InferenceRequest  # noqa: E402
-from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
 from benchmarks._emit import emit
+from runtime import codec
+from runtime.errors import DecodeError
+from runtime.messages import CommandAck, Deploy, DeviceState, InferenceRequest
+from runtime.security import Identity, Signer, TrustStore, Verifier
 
 MIB = 1024 * 1024
 
@@ -147,7 +148,7 @@ class _Pair:
         if self.count >= self.target:
             self.all_in.set()
 
-    def start(self) -> "_Pair":
+    def start(self) -> _Pair:
         if self.flavour == "runtime":
             from runtime.mqtt import MqttClient
 
@@ -160,7 +161,7 @@ class _Pair:
                 c.start()
                 assert c.wait_connected(10)
                 self._closers.append(c.stop)
-            self.publish = lambda t, p, q: a.publish(t, p, qos=q)  # noqa: E731
+            self.publish = lambda t, p, q: a.publish(t, p, qos=q)
             self.echo_publish = b.publish
         else:
             import paho.mqtt.client as mqtt
@@ -197,7 +198,7 @@ class _Pair:
                 c.loop_start()
                 assert ok.wait(10)
                 self._closers.append(lambda c=c: (c.disconnect(), c.loop_stop()))
-            self.publish = lambda t, p, q: a.publish(t, p, qos=q)  # noqa: E731
+            self.publish = lambda t, p, q: a.publish(t, p, qos=q)
         self._warm()
         return self
 

@@ -26,8 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+
 from benchmarks._emit import emit
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from runtime.errors import LocalViolation
 
@@ -50,6 +50,29 @@ class AppSpec:
     release: str = ""
     every: int = 1
     input_shape: tuple[int, ...] | None = None
+    client_evaluate: bool = True        # the ClientApp registers an evaluate function
+
+
+def client_evaluates(module: Path | None) -> bool:
+    """Does this ClientApp module register ``@app.evaluate()`` (or call ``app.evaluate(...)``)?
+
+    Read, not imported (no user code runs in the coordinator for it). Unknown -> True:
+    without evaluate every evaluate Message only comes back as an error, but guessing
+    wrong the other way would silently drop the app's federated evaluation.
+    """
+    import ast
+
+    if module is None:
+        return True
+    try:
+        tree = ast.parse(module.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        fn = node.func if isinstance(node, ast.Call) else node
+        if isinstance(fn, ast.Attribute) and fn.attr == "evaluate":
+            return True
+    return False
 
 
 def _module_file(root: Path, ref: str) -> Path | None:
@@ -104,7 +127,7 @@ def load_app(app_dir: str | Path) -> AppSpec:
                              ) from None
     name = str(doc.get("project", {}).get("name", root.name))
     return AppSpec(root, name, server, client, dict(config), export, str(fl.get("release", "") or ""), every,
-                   input_shape)
+                   input_shape, client_evaluates(_module_file(root, client)))
 
 
 def stage(spec: AppSpec, dest: Path, overrides: Mapping[str, Any],

@@ -24,15 +24,19 @@ _DIGITS_FLAGS = {"model": "model", "num_partitions": "num-partitions", "local_ep
 
 
 def register(subparsers: Any) -> None:
+    from runtime import cliargs as ca
+
     p = subparsers.add_parser(
         "coordinator", help="run a Flower App's rounds robustly (SuperLink + ServerApp), resuming from checkpoints",
         description="Start (or connect to) a Flower SuperLink with SuperNode authentication, run the app's rounds "
                     "with a Byzantine-robust rule, checkpoint to every --checkpoint-dir/--replica-dir, resume after "
                     "crashes, and release the model to the fog brokers.")
-    p.add_argument("--app", type=Path, default=None,
+    p.add_argument("--app", type=ca.existing_dir, default=None,
                    help="Flower App directory ([tool.flwr.app] in its pyproject); default: examples/digits")
-    p.add_argument("--checkpoint-dir", required=True, type=Path, help="work directory and first checkpoint replica")
-    p.add_argument("--replica-dir", action="append", type=Path, default=[], help="another replica (repeatable)")
+    p.add_argument("--checkpoint-dir", required=True, type=ca.writable_dir,
+                   help="work directory and first checkpoint replica")
+    p.add_argument("--replica-dir", action="append", type=ca.writable_dir, default=[],
+                   help="another replica (repeatable)")
     p.add_argument("--quorum", type=int, default=None,
                    help="replicas a checkpoint must reach and a resume must find (default: a majority)")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept per replica")
@@ -44,14 +48,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--round-timeout", type=float, default=None)
     p.add_argument("--grace", type=float, default=None, help="wait this long for stragglers after a quorum")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--superlink", default="127.0.0.1:9093",
+    p.add_argument("--superlink", default="127.0.0.1:9093", type=ca.hostport,
                    help="SuperLink HOST:PORT; started here unless one already listens there")
     p.add_argument("--insecure", action="store_true", help="plain MQTT to the sites (loopback addresses only)")
     p.add_argument("--no-supernode-auth", action="store_true",
                    help="SuperLink without TLS and SuperNode authentication (a loopback address only)")
-    p.add_argument("--mqtt", default="", help="one site's fog broker HOST:PORT (summaries in, releases out); "
-                                               "--site/--sites for several")
-    p.add_argument("--credentials", type=Path, default=None,
+    p.add_argument("--mqtt", default="", type=ca.hostport_or_empty,
+                   help="one site's fog broker HOST:PORT (summaries in, releases out); --site/--sites for several")
+    p.add_argument("--credentials", type=ca.existing_dir, default=None,
                    help="coordinator credentials issued by the fog (fogline operators add NAME --role coordinator)")
     p.add_argument("--rollout-wait", type=float, default=300.0,
                    help="after the last round, wait this long for staged rollouts to finish (they resume at the "
@@ -63,6 +67,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--battery-floor", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
+    p.add_argument("--watchdog", type=float, default=None,
+                   help="seconds without round progress before the coordinator says what it waits for and restarts "
+                        "the component that is down (default: from the round timeout and grace; 0: off)")
+    p.add_argument("--new-lineage", action="store_true",
+                   help="train a new model even though the checkpoints here come from another app or run config "
+                        "(they stay on disk and are never resumed into it)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics (rounds, checkpoints, releases, rollouts, sites) on PORT")
     p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
@@ -90,29 +100,33 @@ def register(subparsers: Any) -> None:
                               description="Flower SuperNode authentication: make a device key, authorize it.")
     ss = s.add_subparsers(dest="action", metavar="ACTION", required=True)
     k = ss.add_parser("keygen", help="make an EC P-384 key pair for a SuperNode (run on the device)")
-    k.add_argument("--out", type=Path, required=True)
+    k.add_argument("--out", type=ca.writable_dir, required=True)
     k.add_argument("--name", default="supernode")
     a = ss.add_parser("add", help="authorize DEVICE's public key")
     a.add_argument("device")
-    a.add_argument("public_key", type=Path)
-    a.add_argument("--checkpoint-dir", required=True, type=Path)
+    a.add_argument("public_key", type=ca.existing_file)
+    a.add_argument("--checkpoint-dir", required=True, type=ca.writable_dir)
     r = ss.add_parser("remove", help="revoke DEVICE (takes effect when the coordinator's SuperLink restarts)")
     r.add_argument("device")
-    r.add_argument("--checkpoint-dir", required=True, type=Path)
+    r.add_argument("--checkpoint-dir", required=True, type=ca.existing_dir)
     ls = ss.add_parser("list", help="authorized devices and key fingerprints")
-    ls.add_argument("--checkpoint-dir", required=True, type=Path)
+    ls.add_argument("--checkpoint-dir", required=True, type=ca.existing_dir)
     s.set_defaults(func=supernodes)
 
     rel = subparsers.add_parser("release", help="sign an ONNX model and publish it to a fog broker by hand",
                                 description="Check MODEL.onnx in onnxruntime, sign it with the coordinator "
                                             "credentials and publish it as release NAME (not retained).")
-    rel.add_argument("model", type=Path)
+    rel.add_argument("model", type=ca.existing_file)
     rel.add_argument("--name", required=True)
-    rel.add_argument("--broker", required=True, help="fog broker HOST:PORT")
-    rel.add_argument("--credentials", type=Path, default=None, help="coordinator credentials directory")
+    rel.add_argument("--broker", required=True, type=ca.host_or_hostport,
+                     help="fog broker HOST:PORT (port 8883, 1883 with --insecure)")
+    rel.add_argument("--credentials", type=ca.existing_dir, default=None, help="coordinator credentials directory")
     rel.add_argument("--version", type=int, default=None, help="default: the current Unix time (always newer)")
     rel.add_argument("--insecure", action="store_true", help="plain MQTT (loopback only)")
     rel.set_defaults(func=release_cmd)
+    from .site_aggregator.cli import register as register_site_aggregator
+
+    register_site_aggregator(subparsers)
 
 
 def _error(text: str) -> int:
@@ -122,6 +136,7 @@ def _error(text: str) -> int:
 
 def _parse_run_config(text: str) -> dict[str, Any]:
     import re
+
     import tomllib
 
     pairs = re.findall(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)", text)
@@ -145,6 +160,47 @@ def _overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, An
     return out
 
 
+def _fatal(work: Path, text: str) -> int:
+    """A run that cannot start: ``fatal.json`` (what monitoring reads, as from a ServerApp) and one line."""
+    from runtime.files import atomic_write
+
+    from .settings import FATAL_FILE
+
+    try:
+        atomic_write(work / FATAL_FILE, json.dumps({"error": text, "at": time.time()}))
+    except OSError as exc:
+        log.error("cannot record the failure in %s: %s", work, exc)
+    return _error(text)
+
+
+def _check_run_config(cfg: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """The strategy options of the effective run config (app config, --run-config, flags), checked now.
+
+    A bad value fails here in a second, not in a ServerApp log after the SuperLink and the
+    devices are up. Returns the rule the run will use (None: the strategy's default).
+    """
+    from .aggregation import get_rule
+
+    rule = args.rule or str(cfg.get("rule", "") or "") or None
+    f = args.f if args.f is not None else cfg.get("f", 1)
+    if isinstance(f, bool) or not isinstance(f, int):
+        raise ValueError(f"f must be an integer, got {f!r}")
+    if rule is not None or args.f is not None or "f" in cfg:
+        get_rule(rule or "centered_clipping", f)
+    checks = (("fraction-train", lambda v: 0 <= v <= 1, "in [0, 1]"),
+              ("fraction-evaluate", lambda v: 0 <= v <= 1, "in [0, 1]"),
+              ("round-timeout", lambda v: v > 0, "> 0"), ("grace", lambda v: v >= 0, ">= 0"),
+              ("num-server-rounds", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+              ("min-train-nodes", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"))
+    for key, ok, what in checks:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
+            raise ValueError(f"{key} must be {what}, got {v!r}")
+    return rule
+
+
 def coordinator(args: argparse.Namespace) -> int:
     from runtime.errors import FoglineError
     from runtime.security import Identity
@@ -156,6 +212,7 @@ def coordinator(args: argparse.Namespace) -> int:
     from .release import ReleaseError, resolve_export
     from .settings import RELEASES_DIR, Settings
     from .sites import summaries_dir_of
+    from .supervision import watchdog_bound
 
     if ":" not in args.superlink:
         return _error("--superlink must be HOST:PORT")
@@ -206,6 +263,25 @@ def coordinator(args: argparse.Namespace) -> int:
             finally:
                 sys.path.remove(str(spec.dir))
         overrides = _overrides(args, dict(spec.config))
+        try:
+            rule = _check_run_config({**dict(spec.config), **overrides}, args) or rule
+        except (FoglineError, ValueError) as exc:
+            return _fatal(work, f"run config: {exc}")
+        effective = {**dict(spec.config), **overrides}
+        round_s = float(args.round_timeout or effective.get("round-timeout") or 60.0)
+        grace_s = float(args.grace if args.grace is not None else effective.get("grace", 5.0))
+        watchdog = args.watchdog if args.watchdog is not None else watchdog_bound(round_s, grace_s)
+        if watchdog and watchdog <= round_s + grace_s:
+            return _error(f"--watchdog {watchdog:g} must exceed round-timeout + grace ({round_s + grace_s:g} s): "
+                          "a working round waits that long for replies without a word")
+        from .lineage import app_digest, bind, config_digest
+
+        lineage = bind(work, app_digest(spec.dir),
+                       config_digest({**dict(spec.config), **overrides},
+                                     {"rule": args.rule, "f": args.f, "seed": args.seed,
+                                      "hierarchical": True if args.hierarchical else None}),
+                       has_checkpoints=any(any(d.glob("ckpt-*")) for d in dirs if d.is_dir()),
+                       new_lineage=args.new_lineage)
         settings = Settings(
             work_dir=str(work), checkpoint_dirs=tuple(map(str, dirs)), quorum=args.quorum, keep=args.keep,
             checkpoint_mode=args.checkpoint_mode, signing_key=str(signing_path), signer=signer,
@@ -217,11 +293,14 @@ def coordinator(args: argparse.Namespace) -> int:
             sites={s.name: {"summaries_dir": str(summaries_dir_of(work, s.name)), "fog_id": s.creds.fog.fog_id,
                             "fog_key": s.creds.fog.public_key.hex(), "fog_site": s.creds.fog.site}
                    for s in table.sites} if table is not None else {},
-            battery_floor=args.battery_floor)
+            battery_floor=args.battery_floor, lineage=lineage.id,
+            client_evaluate=spec.client_evaluate and not args.hierarchical)  # a site bridge does not evaluate
         if not args.no_supernode_auth and not (work / "supernodes.json").exists():
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
+        from .site_aggregator.cli import BRIDGE_COMPONENT
+
         staged = stage(spec, work / STAGED_DIR, overrides,
-                       components={"clientapp": "fog_broker.hierarchy.bridge:app"} if args.hierarchical else None)
+                       components={"clientapp": BRIDGE_COMPONENT} if args.hierarchical else None)
         settings_path = settings.save()
         service = None
         if table is not None:
@@ -229,7 +308,7 @@ def coordinator(args: argparse.Namespace) -> int:
 
             service = SiteService(work, table, Identity.load(signer, signing_path), insecure=args.insecure).start()
         sup = Supervisor(SupervisorOptions(work, staged, settings_path, args.superlink, args.no_supernode_auth,
-                                           args.max_restarts, args.timeout))
+                                           args.max_restarts, args.timeout, watchdog_s=watchdog or None))
         rolled: list[dict[str, Any]] = []
         exporter = None
         try:
@@ -345,7 +424,7 @@ def release_cmd(args: argparse.Namespace) -> int:
     from .release import build_release, onnx_file
 
     try:
-        host, port = parse_hostport(args.broker)
+        host, port = parse_hostport(args.broker, 1883 if args.insecure else 8883)
         if args.insecure:
             require_loopback(host)
         creds = load_credentials(args.credentials)

@@ -45,7 +45,7 @@ class FogLink:
         self.published: dict[str, dict[str, Any]] = self._load_published()
 
     @classmethod
-    def connect(cls, broker: str, creds: Credentials, work_dir: Path, *, insecure: bool = False) -> "FogLink":
+    def connect(cls, broker: str, creds: Credentials, work_dir: Path, *, insecure: bool = False) -> FogLink:
         """A link for ``creds`` (TLS unless ``insecure``, which only a loopback broker gets)."""
         host, port = parse_hostport(broker)
         if insecure:

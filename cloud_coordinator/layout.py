@@ -25,7 +25,7 @@ from .aggregation._rows import ALLOWED_KINDS, BadBuffer, RowStack, npy_view
 __all__ = ["Layout", "ArrayLike", "check_arrays", "check_count", "NPY_STYPE", "REASONS",
            "CLIENT_ERROR", "NO_ARRAYS", "WRONG_KEYS", "BAD_ARRAY", "BAD_COUNT", "MALFORMED",
            "DUPLICATE_REPLY", "UNEXPECTED_REPLY", "DUPLICATE_DEVICE", "UNKNOWN_NODE", "MAX_EXAMPLES",
-           "stack_rows"]
+           "stack_rows", "reason_key"]
 
 NPY_STYPE = "numpy.ndarray"
 MAX_EXAMPLES = 10**9  # more examples than any device holds: a count beyond it is a lie
@@ -42,6 +42,11 @@ DUPLICATE_DEVICE = "duplicate device"
 UNKNOWN_NODE = "unknown node"
 REASONS = (CLIENT_ERROR, NO_ARRAYS, WRONG_KEYS, BAD_ARRAY, BAD_COUNT, MALFORMED, DUPLICATE_REPLY,
            UNEXPECTED_REPLY, DUPLICATE_DEVICE, UNKNOWN_NODE)
+
+
+def reason_key(why: str) -> str:
+    """The metric name of a rejection: a Flower error's code and reason stay in the report, not in metric names."""
+    return CLIENT_ERROR if why.startswith(CLIENT_ERROR) else why
 
 
 class ArrayLike(Protocol):
@@ -69,7 +74,7 @@ class Layout:
                 raise LocalViolation(f"arrays of dtype {dt} cannot be aggregated")
 
     @classmethod
-    def of(cls, arrays: Mapping[str, ArrayLike]) -> "Layout":
+    def of(cls, arrays: Mapping[str, ArrayLike]) -> Layout:
         """The layout of an ``ArrayRecord`` (or any mapping of Array-likes)."""
         for name, a in arrays.items():
             if a.stype != NPY_STYPE:

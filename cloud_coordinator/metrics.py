@@ -113,7 +113,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                                                         "the reason one was refused")),
     "sites_status_age_seconds": ("gauge", (), "Seconds since the site service last wrote sites/status.json"),
     "supervisor_restarts": ("counter", ("component",), ("Restarts by the supervisor: run (a new flwr run), "
-                                                        "superlink (the SuperLink restarted)")),
+                                                        "superlink (the SuperLink restarted), superexec and "
+                                                        "serverapp (by the watchdog)")),
     "site_service_errors": ("counter", (), "Exceptions in the site service's loop (logged)"),
 }
 
@@ -168,7 +169,7 @@ def families(snap: Mapping[str, Any]) -> list[Metric]:
     restarts = snap.get("restarts")
     f.get("supervisor_restarts")
     if restarts is not None:
-        for component in ("run", "superlink"):
+        for component in ("run", "superlink", "superexec", "serverapp"):
             f.add("supervisor_restarts", int(restarts.get(component, 0)), component)
     if snap.get("site_service_errors") is not None:
         f.add("site_service_errors", int(snap["site_service_errors"]))
@@ -526,7 +527,9 @@ class CoordinatorWatch:
         sup = self.supervisor
         if sup is not None:
             snap["restarts"] = {"run": int(sup.restarts),
-                                "superlink": max(0, int(sup.generation) - 1) if sup.owned else 0}
+                                "superlink": max(0, int(sup.generation) - 1) if sup.owned else 0,
+                                **{k: int(v) for k, v in getattr(sup, "component_restarts", {}).items()
+                                   if k != "superlink"}}
         if self.service is not None:
             snap["site_service_errors"] = int(self.service.failures)
         return snap

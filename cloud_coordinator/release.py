@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 
 from runtime import codec
 from runtime.errors import DecodeError, FoglineError
+from runtime.ids import is_id
 from runtime.messages import ModelRelease
 from runtime.security import Identity, sign_artifact
 
@@ -34,7 +34,6 @@ __all__ = ["Release", "ReleaseError", "resolve_export", "export_onnx", "check_on
            "write_release", "release_path", "valid_release_name", "read_release", "version_for", "onnx_file"]
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class ReleaseError(FoglineError):
@@ -42,7 +41,7 @@ class ReleaseError(FoglineError):
 
 
 def valid_release_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+    return is_id(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +111,17 @@ def check_onnx(blob: bytes, input_shape: tuple[int, ...] | None = None) -> dict[
     """
     import onnx
 
+    from models.external import external_tensors, inline_only
+
     try:
         model = onnx.load_from_string(blob)
-        onnx.checker.check_model(model)
+        ext = external_tensors(model)
+        if not ext:
+            onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are one error
         raise ReleaseError(f"export hook output is not a valid ONNX model ({type(exc).__name__})") from None
+    if ext:  # onnxruntime would read them from this process's working directory; the fog refuses them
+        raise ReleaseError(inline_only("the release", ext[0].name))
     try:
         import onnxruntime as ort
 

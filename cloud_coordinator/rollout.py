@@ -21,6 +21,10 @@ step          waits for                                                         
 ``rollback``  the canary to list the previous model published as a new version   ``rolled back``
 ============  ==================================================================  =========================
 
+A canary where no workload runs the release (a first release) has nothing to
+check: ``switch`` holds, saying so in ``waiting_for``, until a workload there
+runs the new bytes (then it is checked like any other) or ``serve_timeout_s``;
+only ``allow_unchecked_canary`` lets it go on unchecked, and says so in its checks.
 Any failed or timed-out canary check goes to ``rollback``. Fogs accept only
 increasing versions of a name, so a rollback republishes the previous
 model's bytes under a new, higher version (the adapter writes that file:
@@ -98,6 +102,7 @@ class RolloutPolicy:
     rtol: float = 1e-4                 # outputs against the coordinator's own onnxruntime run (fp32)
     atol: float = 1e-5
     require_serving: bool = False      # a canary that serves no workload of the release fails the check
+    allow_unchecked_canary: bool = False  # ... goes on unchecked (default: it holds until one serves it)
     probe_requests: int = 8            # held-out requests per workload (adapter)
     holdout: str = ""                  # .npz of held-out inputs (adapter; default: seeded random inputs)
 
@@ -114,7 +119,7 @@ class RolloutPolicy:
             raise LocalViolation("rollout setting probe_requests must be >= 1")
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], base: "RolloutPolicy | None" = None) -> "RolloutPolicy":
+    def from_mapping(cls, d: Mapping[str, Any], base: RolloutPolicy | None = None) -> RolloutPolicy:
         """``base`` (default settings) with the keys of ``d``; one-line ``LocalViolation`` on a bad key or value."""
         known = {f.name: f for f in fields(cls)}
         kw: dict[str, Any] = {f: getattr(base or cls(), f) for f in known}
@@ -138,7 +143,7 @@ class RolloutPolicy:
         return cls(**kw)
 
     @classmethod
-    def from_pairs(cls, pairs: Iterable[str], base: "RolloutPolicy | None" = None) -> "RolloutPolicy":
+    def from_pairs(cls, pairs: Iterable[str], base: RolloutPolicy | None = None) -> RolloutPolicy:
         """From ``key=value`` strings (``--rollout-set``)."""
         d: dict[str, str] = {}
         for p in pairs:
@@ -437,7 +442,7 @@ class Rollout:
                 "rollback": self.rollback, "next_site": self.next_site, "waiting_for": self.waiting_for}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Rollout":
+    def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
         r = cls(str(d["name"]), int(d["version"]), str(d["sha256"]), str(d["file"]), Step(d["step"]),
                 str(d.get("canary", "")), [str(s) for s in d.get("order", [])])
         for s, st in dict(d.get("sites") or {}).items():
@@ -506,7 +511,7 @@ class RolloutBook:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], sites: Sequence[str], canary: str,
-                  policy: RolloutPolicy | None = None) -> "RolloutBook":
+                  policy: RolloutPolicy | None = None) -> RolloutBook:
         """The persisted book under the current site table; ``ValueError`` if it is not one."""
         if not isinstance(doc, Mapping) or doc.get("format") != 1:
             raise ValueError("not a rollout book (format 1)")
@@ -596,8 +601,10 @@ class RolloutBook:
             out = self._rollback(r, f"canary {r.canary} does not serve {r.label} after {p.serve_timeout_s:g} s "
                                     f"({r.waiting_for or 'no status'}){err}", now)
         elif r.step is Step.PROBE and waited > p.probe_timeout_s:
-            out = self._rollback(r, f"canary {r.canary}: the held-out batch was not answered within "
-                                    f"{p.probe_timeout_s:g} s{err}", now)
+            held = bool(r.baseline and r.baseline.get("probe_samples"))
+            out = self._rollback(r, f"canary {r.canary}: {r.waiting_for} after {p.probe_timeout_s:g} s{err}" if held
+                                 else f"canary {r.canary}: the held-out batch was not answered within "
+                                      f"{p.probe_timeout_s:g} s{err}", now)
         elif r.step is Step.ROLLING:
             site = r.order[r.next_site]
             st = r.sites[site]
@@ -684,6 +691,8 @@ class RolloutBook:
                 return self._canary(r, view, rel, now)
             if r.step is Step.SWITCH:
                 return self._switch(r, view, now)
+            if r.step is Step.PROBE and r.baseline and r.baseline.get("probe_samples"):
+                return self._rejudge(r, view, now)
             if r.step is Step.ROLLBACK and r.rollback is not None:
                 if rel is not None and rel[0] >= r.rollback["as_version"]:
                     return self._stop(r, Step.ROLLED_BACK, f"{r.cause}; rolled back: canary {r.canary} runs "
@@ -797,9 +806,29 @@ class RolloutBook:
             if self.policy.require_serving:
                 return self._rollback(r, f"canary {r.canary} serves no workload from release:{r.name} (deploy one "
                                          "there, or set require_serving = false)", now)
-            r.checks.append(f"canary {r.canary} serves no workload from release:{r.name}: outputs and latency "
-                            "not checked")
-            return self._start_rolling(r, now)
+            if self.policy.allow_unchecked_canary:
+                r.checks.append(f"canary {r.canary} serves no workload from release:{r.name}: outputs and latency "
+                                "not checked (allow_unchecked_canary = true)")
+                return self._start_rolling(r, now)
+            if not any(s != r.canary for s in self.sites):  # a hold would protect no other site
+                r.checks.append(f"canary {r.canary} serves no workload from release:{r.name}: outputs and latency "
+                                "not checked (it is the only site: there is no site to hold the release from)")
+                return self._start_rolling(r, now)
+            # Nothing to probe: hold here (serve_timeout_s bounds it) until a workload there runs these
+            # very bytes (a release:NAME workload deployed once the canary listed the release), then check it.
+            adopted: dict[str, int | None] = {w.name: None for w in view.workloads if w.model == r.ref}
+            if not adopted:
+                hold = (f"held: canary {r.canary} serves no workload from release:{r.name}, so outputs and "
+                        "latency cannot be checked; deploy one there (or set allow_unchecked_canary = true)")
+                if r.waiting_for != hold:
+                    r.waiting_for = hold
+                    self.dirty = True
+                    return [Note(f"{r.label}: {hold}", "warning")]
+                return []
+            followers = adopted
+            base["followers"] = followers
+            r.baseline = base
+            self.dirty = True
         missing = []
         for w, before in sorted(followers.items()):
             wv = view.workload(w)
@@ -825,9 +854,33 @@ class RolloutBook:
         ok, text = judge_probe(samples, predicted, self.policy)
         if not ok:
             return self._rollback(r, f"canary {r.canary}: {text}", now)
+        blind = sorted({s.workload for s in samples if not predicted.get(s.workload)})
+        if blind and not self.policy.allow_unchecked_canary:
+            # Outputs passed, but latency cannot be judged without the plan's prediction: hold (probe_timeout_s
+            # bounds it) until a status of the canary carries one, then judge these very samples.
+            base = r.baseline if r.baseline is not None else {}
+            base["probe_samples"] = [[s.workload, s.ok, s.error, s.mismatch, s.latency_s] for s in samples]
+            r.baseline = base
+            r.waiting_for = (f"held: canary {r.canary} has no latency prediction for {', '.join(blind)}, so its "
+                             "latency cannot be checked; waiting for one (or set allow_unchecked_canary = true)")
+            self.dirty = True
+            return [Note(f"{r.label}: {r.waiting_for}", "warning")]
+        if blind:
+            text += " (latency not checked: allow_unchecked_canary = true)"
         r.checks.append(text)
         self.dirty = True
         return [Note(f"{r.label}: canary {r.canary} passed: {text}")] + self._start_rolling(r, now)
+
+    def _rejudge(self, r: Rollout, view: SiteView, now: float) -> list[Command]:
+        """A probe held for want of a latency prediction, judged again once the canary reports one."""
+        assert r.baseline is not None
+        samples = [ProbeSample(str(w), bool(ok), str(err), str(mis), float(lat))
+                   for w, ok, err, mis, lat in r.baseline["probe_samples"]]
+        have = {w.name for w in view.workloads if w.predicted_s}
+        if not {s.workload for s in samples} <= have:
+            return []
+        del r.baseline["probe_samples"]
+        return self._probed(r, samples, now)
 
     def _start_rolling(self, r: Rollout, now: float) -> list[Command]:
         r.step, r.since, r.next_site = Step.ROLLING, now, 0
@@ -920,7 +973,7 @@ class RolloutClock:
         return mono - self.left_out - held
 
 
-def held_site(book: "RolloutBook") -> str | None:
+def held_site(book: RolloutBook) -> str | None:
     """The site whose cut holds the rollout clock: the canary, while its check runs (nothing can go on
     without it). A site cut while the release rolls on to the others times out and is skipped; it
     catches up when it answers again (``RolloutBook._catch_up``), so one cut site never holds a fleet."""
@@ -928,7 +981,7 @@ def held_site(book: "RolloutBook") -> str | None:
     return r.canary if r is not None and r.step is not Step.ROLLING else None
 
 
-def awaited_site(book: "RolloutBook") -> str | None:
+def awaited_site(book: RolloutBook) -> str | None:
     """The site the active rollout waits on (the canary, or the site it is rolling out to)."""
     r = book.active
     if r is None:

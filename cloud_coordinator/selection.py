@@ -4,6 +4,11 @@ Only devices that can afford a round train: alive, battery above a floor or
 charging, not thermally throttled, not on a metered link, and (optionally)
 judged fit by their fog broker. Every device gets a reason, selected or not,
 as a fixed phrase so reasons can be counted ("3 battery below floor").
+
+``SelectionPolicy.cross_device()`` is the rule of production cross-device FL
+(Gboard, Apple's on-device training): a device trains only while it is charging,
+on an unmetered link, idle and not throttled, so a round never costs its owner
+battery, data or a hot, slow phone.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from typing import Protocol
 from runtime.errors import LocalViolation
 from runtime.messages import DeviceSummary, FleetSummary
 
-__all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "SELECTED", "REASONS"]
+__all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "explain_devices", "SELECTED",
+           "REASONS"]
 
 SELECTED = "selected"
 DEAD = "not alive"
@@ -25,7 +31,10 @@ THROTTLED = "throttled"
 METERED = "metered link"
 FOG_UNFIT = "fog says unfit"
 SAMPLED_OUT = "sampled out"
-REASONS = (SELECTED, DEAD, STALE, LOW_BATTERY, THROTTLED, METERED, FOG_UNFIT, SAMPLED_OUT)
+NOT_CHARGING = "on battery, not charging"
+BUSY = "not idle"
+REASONS = (SELECTED, DEAD, STALE, LOW_BATTERY, THROTTLED, METERED, FOG_UNFIT, SAMPLED_OUT, NOT_CHARGING,
+           BUSY)
 
 
 class Sampler(Protocol):
@@ -42,12 +51,23 @@ class SelectionPolicy:
     trust_fog_verdict: bool = False
     max_age_s: float = 60.0
     max_clients: int | None = None
+    require_charging: bool = False  # a battery device trains only on its charger
+    max_cpu_load: float | None = None  # idle: load per core at most this (None: any load)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.battery_floor <= 1.0:
             raise LocalViolation("battery_floor must be in [0, 1]")
         if self.max_clients is not None and self.max_clients < 1:
             raise LocalViolation("max_clients must be >= 1")
+        if self.max_cpu_load is not None and not self.max_cpu_load >= 0.0:
+            raise LocalViolation("max_cpu_load must be >= 0")
+
+    @classmethod
+    def cross_device(cls, battery_floor: float = 0.3, max_cpu_load: float = 0.5,
+                     max_clients: int | None = None) -> SelectionPolicy:
+        """Production cross-device FL: charging (or mains), unmetered, idle, not throttled."""
+        return cls(battery_floor=battery_floor, require_charging=True, max_cpu_load=max_cpu_load,
+                   max_clients=max_clients)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +92,10 @@ def _verdict(d: DeviceSummary, policy: SelectionPolicy) -> str:
         return METERED
     if d.battery_level is not None and not d.charging and d.battery_level < policy.battery_floor:
         return LOW_BATTERY
+    if policy.require_charging and d.battery_level is not None and not d.charging:
+        return NOT_CHARGING
+    if policy.max_cpu_load is not None and d.cpu_load is not None and d.cpu_load > policy.max_cpu_load:
+        return BUSY
     if policy.trust_fog_verdict and not d.fit_for_training:
         return FOG_UNFIT
     return SELECTED
@@ -112,3 +136,8 @@ def explain(sel: Selection) -> str:
     return f"{head}: {tail}" if tail else head
 
 
+
+
+def explain_devices(sel: Selection) -> str:
+    """Every device and why it was or was not selected: 'a: selected; b: metered link'."""
+    return "; ".join(f"{dev}: {why}" for dev, why in sorted(sel.reasons.items()))

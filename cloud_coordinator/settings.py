@@ -20,7 +20,7 @@ from typing import Any
 from runtime.errors import LocalViolation
 from runtime.files import atomic_write
 
-__all__ = ["Settings", "SETTINGS_KEY", "SETTINGS_ENV", "SETTINGS_FILE", "REPORT_FILE", "FATAL_FILE",
+__all__ = ["Settings", "SETTINGS_KEY", "SETTINGS_ENV", "SETTINGS_FILE", "REPORT_FILE", "FATAL_FILE", "PROGRESS_FILE",
            "RELEASES_DIR", "SUMMARIES_DIR", "settings_for"]
 
 SETTINGS_KEY = "fogline-settings"
@@ -28,6 +28,7 @@ SETTINGS_ENV = "FOGLINE_SETTINGS"
 SETTINGS_FILE = "settings.json"
 REPORT_FILE = "report.json"  # written by the ServerApp when every round is done
 FATAL_FILE = "fatal.json"    # written by the ServerApp when bad input stops the run (not worth a restart)
+PROGRESS_FILE = "progress.json"  # the ServerApp's heartbeat, every training attempt (the supervisor's watchdog)
 RELEASES_DIR = "releases"
 SUMMARIES_DIR = "summaries"
 
@@ -60,6 +61,8 @@ class Settings:
     # summaries in their own directory, verified under that site's pinned fog key
     sites: dict[str, dict[str, str]] = field(default_factory=dict)
     battery_floor: float = 0.3
+    client_evaluate: bool = True   # False: the ClientApp cannot evaluate (none, or a site bridge): send no evaluate
+    lineage: str = ""              # lineage.json id: part of the config hash, so a new lineage never resumes an old
 
     def __post_init__(self) -> None:
         if not self.work_dir:
@@ -72,7 +75,7 @@ class Settings:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Settings":
+    def from_json(cls, text: str) -> Settings:
         try:
             d = json.loads(text)
             known = {f.name for f in fields(cls)}

@@ -25,7 +25,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,7 @@ _STOP = object()
 class SiteLink:
     """The thread that owns one site's ``SiteClient``."""
 
-    def __init__(self, site: Site, summaries_dir: Path, events: "queue.Queue[Any]", *, insecure: bool = False,
+    def __init__(self, site: Site, summaries_dir: Path, events: queue.Queue[Any], *, insecure: bool = False,
                  poll_s: float = 5.0, fast_poll_s: float = 0.5, connect_timeout_s: float = 5.0,
                  request_timeout_s: float = 5.0) -> None:
         self.site = site
@@ -111,7 +110,7 @@ class SiteLink:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"site-{site.name}", daemon=True)
 
-    def start(self) -> "SiteLink":
+    def start(self) -> SiteLink:
         self._thread.start()
         return self
 

@@ -25,16 +25,17 @@ the first site. Every problem is one ``LocalViolation`` line naming the site.
 from __future__ import annotations
 
 import json
-import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from runtime.credentials import Credentials, load_credentials
 from runtime.errors import LocalViolation
 from runtime.files import atomic_write
+from runtime.ids import is_id
 from runtime.mqtt import parse_hostport
 
 from .rollout import RolloutPolicy
@@ -47,11 +48,10 @@ SITES_DIR = "sites"
 TABLE_FILE = "sites/sites.json"     # the resolved table: what `fogline sites status|resume` read
 STATUS_FILE = "sites/status.json"   # what the running coordinator last saw of each site
 ROLLOUTS_FILE = "rollouts.json"     # the rollout book (cloud_coordinator.rollout)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def valid_site_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+    return is_id(name)
 
 
 def summaries_dir_of(work_dir: Path, site: str) -> Path:

@@ -21,17 +21,19 @@ __all__ = ["register", "add_site_options", "site_table", "rollout_line", "status
 
 
 def add_site_options(p: argparse.ArgumentParser, *, with_insecure: bool = True) -> None:
+    from runtime import cliargs as ca
+
     g = p.add_argument_group("sites and staged rollouts (docs/sites.md)")
     g.add_argument("--site", dest="site_args", action="append", default=[], metavar="NAME=DIR[@HOST:PORT]",
                    help="a site: the coordinator credentials its fog issued (repeatable); the address defaults "
                         "to the one in DIR/fog.json")
-    g.add_argument("--sites", dest="sites_file", type=Path, default=None, metavar="SITES.toml",
+    g.add_argument("--sites", dest="sites_file", type=ca.existing_file, default=None, metavar="SITES.toml",
                    help="sites ([sites.NAME] credentials, mqtt, canary, order) and [rollout] settings")
     g.add_argument("--canary", default=None, metavar="NAME", help="the canary site (default: canary = true, "
                                                                    "else the first site)")
     g.add_argument("--rollout-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a rollout setting, e.g. serve_timeout_s=60, latency_factor=5 (repeatable)")
-    g.add_argument("--holdout", default=None, metavar="FILE.npz",
+    g.add_argument("--holdout", default=None, metavar="FILE.npz", type=ca.existing_file,
                    help="held-out inputs for the canary check (one array per model input; default: random)")
     if with_insecure:
         g.add_argument("--insecure", action="store_true", help="plain MQTT (loopback sites only)")
@@ -65,31 +67,39 @@ def site_table(args: argparse.Namespace, work: Path, *, legacy: Any = None, use_
     if insecure:
         for s in table.sites:
             require_loopback(s.host)
+    work.mkdir(parents=True, exist_ok=True)  # only once the sites check out: a refusal leaves nothing
     save_table(work, table, insecure=insecure)
     return table
 
 
 def register(subparsers: Any) -> None:
+    from fog_broker import service_cli
+    from runtime import cliargs as ca
+
+    service_cli.coordinator_status = status_cmd  # ``fogline status --coordinator CKPT``
+
     p = subparsers.add_parser("sites", help="the coordinator's sites and staged release rollouts",
                               description="Every site the coordinator serves, and staged rollouts: the canary "
                                           "first, checked, then the others in order (docs/sites.md).")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     st = sub.add_parser("status", help="every site: reachable, summary age, devices, releases, rollouts")
     st.add_argument("names", nargs="*", metavar="SITE", help="only these sites")
-    st.add_argument("--checkpoint-dir", required=True, type=Path)
+    st.add_argument("--checkpoint-dir", required=True, type=ca.existing_dir)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=status_cmd)
     rel = sub.add_parser("release", help="sign MODEL.onnx into the outbox and roll it out (no Flower)")
-    rel.add_argument("model", type=Path)
+    rel.add_argument("model", type=ca.existing_file)
     rel.add_argument("--name", required=True)
-    rel.add_argument("--version", type=int, default=None, help="default: one above the newest in the outbox")
-    rel.add_argument("--checkpoint-dir", required=True, type=Path)
-    rel.add_argument("--wait", type=float, default=600.0, help="give up waiting after this many seconds (exit 3)")
+    rel.add_argument("--version", type=ca.positive_int, default=None,
+                     help="default: one above the newest in the outbox")
+    rel.add_argument("--checkpoint-dir", required=True, type=ca.writable_dir)
+    rel.add_argument("--wait", type=ca.nonneg_float, default=600.0,
+                     help="give up waiting after this many seconds (exit 3)")
     add_site_options(rel)
     rel.set_defaults(func=release_cmd)
     res = sub.add_parser("resume", help="finish the rollouts a stopped coordinator left")
-    res.add_argument("--checkpoint-dir", required=True, type=Path)
-    res.add_argument("--wait", type=float, default=600.0)
+    res.add_argument("--checkpoint-dir", required=True, type=ca.existing_dir)
+    res.add_argument("--wait", type=ca.nonneg_float, default=600.0)
     add_site_options(res)
     res.set_defaults(func=resume_cmd)
 
@@ -155,7 +165,9 @@ def release_cmd(args: argparse.Namespace) -> int:
             return _error(f"invalid release name {args.name!r} (letters, digits, . _ -; at most 64)")
         if args.version is not None and args.version < 1:
             return _error("--version must be >= 1")
-        work.mkdir(parents=True, exist_ok=True)
+        from .release import onnx_file
+
+        onnx_file(args.model)  # a bad model is refused before anything is written in the checkpoint dir
         table = site_table(args, work, use_saved=True, insecure=args.insecure)
         return _run_service(args, work, table, args.insecure, add=(args.model, args.name, args.version))
     except (FoglineError, ReleaseError, ValueError) as exc:

@@ -125,7 +125,7 @@ class SiteService:
 
     # ------------------------------------------------------------ lifecycle (any thread)
 
-    def start(self) -> "SiteService":
+    def start(self) -> SiteService:
         self.work.mkdir(parents=True, exist_ok=True)
         for link in self.links.values():
             link.start()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -27,8 +26,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from runtime.files import atomic_write as _atomic_write
 from runtime.errors import DecodeError, FoglineError, LocalViolation, RemoteViolation, SecurityError
+from runtime.files import atomic_write as _atomic_write
 from runtime.security import ArtifactSignature, Identity, sign_artifact, verify_artifact
 
 from .policy import CheckpointPolicy, ReplicaEntry, choose_resume, to_prune
@@ -119,7 +118,7 @@ class Checkpoint:
                      "names": list(self.names)})
 
     @classmethod
-    def from_payload(cls, data: bytes) -> "Checkpoint":
+    def from_payload(cls, data: bytes) -> Checkpoint:
         d = unpack(data)
         try:
             if d["format"] != FORMAT:

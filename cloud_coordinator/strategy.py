@@ -34,10 +34,12 @@ import logging
 import math
 import os
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -68,6 +71,7 @@ from .layout import (
     Layout,
     check_arrays,
     check_count,
+    reason_key,
     stack_rows,
 )
 from .policy import CheckpointPolicy, rounds_between_checkpoints, should_checkpoint
@@ -82,7 +86,7 @@ from .release import (
 )
 from .rounds import Wait, wait_decision
 from .selection import SelectionPolicy, explain, select_clients
-from .settings import FATAL_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
+from .settings import FATAL_FILE, PROGRESS_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
 from .store import Checkpoint, CheckpointStore, QuorumError, atomic_write
 from .supernodes import KeyBook, devices_of
 
@@ -100,6 +104,24 @@ class RunFailed(FoglineError):
 
 def _slug(reason: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in reason.lower()).strip("-")
+
+
+_ERROR_NAMES = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
+
+
+def flower_error(msg: Message) -> str:
+    """A rejection for an error reply: Flower's code, its name, who generated it and the reason (one line)."""
+    err = msg.error
+    code = int(getattr(err, "code", 0) or 0)
+    by = ", from the SuperLink" if int(msg.metadata.src_node_id) == SUPERLINK_NODE_ID else ""
+    reason = " ".join(str(getattr(err, "reason", "") or "").split())[:160]
+    name = f" {_ERROR_NAMES[code]}" if code in _ERROR_NAMES else ""  # 3001: an app's own code (site bridge)
+    return f"{CLIENT_ERROR} (flower {code}{name}{by}: {reason})"
+
+
+def _from_grid(tb: TracebackType | None) -> bool:
+    """Was this exception raised below a call into Flower's Grid (the SuperLink's connection, not the app)?"""
+    return any(isinstance(f.f_locals.get("self"), Grid) for f, _ in traceback.walk_tb(tb))
 
 
 def _median_metrics(contents: Sequence[RecordDict], skip: str) -> dict[str, float]:
@@ -121,6 +143,7 @@ class _Attempt:
     number: int
     sent: dict[int, str] = field(default_factory=dict)          # node id -> device id
     refused: dict[int, str] = field(default_factory=dict)       # node id -> reason (before sending)
+    connected: list[str] = field(default_factory=list)          # devices connected when it was configured
     rejected: dict[str, str] = field(default_factory=dict)      # device -> reason
     accepted: list[str] = field(default_factory=list)
     failure: str = ""
@@ -171,6 +194,7 @@ class RobustStrategy(Strategy):
         self.signing_key = signing_key
         self.release = release
         self.seed = seed
+        self.lineage = ""  # settings: a --new-lineage id, part of the config hash
         self.weighted_by_key = weighted_by_key
         self.arrayrecord_key = arrayrecord_key
         self.configrecord_key = configrecord_key
@@ -186,6 +210,7 @@ class RobustStrategy(Strategy):
         self._base: np.ndarray | None = None
         self._attempt: _Attempt | None = None
         self._eval_sent: dict[int, str] = {}
+        self._dst_of: dict[str, int] = {}  # message id pushed -> the node it went to (blame the right node)
         self._devices: dict[int, str] = {}
 
     # ------------------------------------------------------------------ configuration
@@ -206,6 +231,11 @@ class RobustStrategy(Strategy):
         """Let ``fogline coordinator``'s settings override the constructor (see ``settings``)."""
         self.settings = s
         self.work_dir = Path(s.work_dir)
+        self.lineage = s.lineage
+        if not s.client_evaluate and self.fraction_evaluate > 0.0:
+            log.info("the ClientApp has no evaluate function: no evaluate Messages (fraction_evaluate %.2f -> 0)",
+                     self.fraction_evaluate)
+            self.fraction_evaluate = 0.0
         if s.rule is not None:
             self.rule = s.rule
         if s.f is not None:
@@ -255,6 +285,8 @@ class RobustStrategy(Strategy):
         ident = {"rule": self.rule, "f": self.f, "options": sorted((k, repr(v)) for k, v in self.rule_options.items()),
                  "seed": self.seed, "layout": layout.digest(),
                  "config": sorted((k, repr(v)) for k, v in (train_config or {}).items())}
+        if self.lineage:  # --new-lineage: the old lineage's checkpoints never match
+            ident["lineage"] = self.lineage
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
     # ------------------------------------------------------------------ nodes
@@ -304,12 +336,16 @@ class RobustStrategy(Strategy):
         att = _Attempt(server_round, number)
         self._attempt = att
         devices, att.refused = self._node_map(grid)
+        att.connected = sorted(devices.values())
         eligible, _ = self._eligible(server_round, devices)
         nodes = sorted(eligible)
         k = min(len(nodes), max(math.ceil(self.fraction_train * len(nodes)), self.quorum))
         rng = np.random.default_rng([self.seed, server_round, number])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         att.sent = {n: eligible[n] for n in picked}
+        if len(picked) >= self.quorum:  # the heartbeat also under Flower's own round loop (no start())
+            self._progress(server_round, number, f"round {server_round} attempt {number}: waiting for replies of "
+                           f"{len(picked)} nodes (quorum {self.quorum})", att.connected, att.sent.values())
         # round-timeout: how long this round waits, so a site (bridge) answers before the cloud gives up
         cfg = ConfigRecord({**dict(config), "server-round": server_round, "round-timeout": float(self.round_timeout)})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
@@ -317,17 +353,25 @@ class RobustStrategy(Strategy):
         return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(server_round),
                         ttl=ttl) for n in picked]
 
+    def _origin(self, msg: Message) -> int:
+        """The node a reply speaks for: an error the SuperLink generated (node unavailable, reply expired)
+        carries the SuperLink's own node id; it is about the node our message went to."""
+        src = int(msg.metadata.src_node_id)
+        if src == SUPERLINK_NODE_ID:
+            return self._dst_of.get(str(msg.metadata.reply_to_message_id), src)
+        return src
+
     def _read_reply(self, msg: Message, layout: Layout, seen: set[int]) -> tuple[int, str, list[np.ndarray], float] | str:
         """(node, device, zero-copy views, example count) of a usable reply, or the reason it is not."""
         att = self._attempt
-        node = int(msg.metadata.src_node_id)
+        node = self._origin(msg)
         if att is not None and node not in att.sent:
             return UNEXPECTED_REPLY
         if node in seen:
             return DUPLICATE_REPLY
         seen.add(node)
         if msg.has_error():
-            return CLIENT_ERROR
+            return flower_error(msg)
         content = msg.content
         records = content.array_records
         if len(records) != 1:
@@ -366,7 +410,10 @@ class RobustStrategy(Strategy):
                             type(exc).__name__, exc)
                 got = MALFORMED
             if isinstance(got, str):
-                node = getattr(msg.metadata, "src_node_id", 0)
+                try:
+                    node = self._origin(msg)
+                except Exception:
+                    node = 0
                 who = (att.sent.get(int(node)) if att.sent else None) or f"node-{node}"
                 att.rejected[who if who not in att.rejected else f"{who}#{len(att.rejected)}"] = got
                 continue
@@ -374,7 +421,7 @@ class RobustStrategy(Strategy):
             good.append((device, node, views, count, msg.content))
             site = {k: float(v) for rec in msg.content.metric_records.values() for k, v in rec.items()
                     if k.startswith("site-") and isinstance(v, (int, float)) and math.isfinite(v)}
-            if site:  # a site's own counts (fog_broker.hierarchy.bridge): kept per site, not medianed away
+            if site:  # a site's own counts (site_aggregator.bridge): kept per site, not medianed away
                 att.sites[device] = site
         att.answered = n_replies
         good.sort(key=lambda g: (g[0], g[1]))  # device-id order: arrival order never matters
@@ -416,7 +463,7 @@ class RobustStrategy(Strategy):
         out: dict[str, int] = {"replies": replies, "usable": usable, "accepted": len(att.accepted),
                                "rejected": len(att.rejected), "attempt": att.number,
                                "refused-nodes": len(att.refused)}
-        for why, n in Counter(att.rejected.values()).items():
+        for why, n in Counter(reason_key(w) for w in att.rejected.values()).items():
             out[f"rejected-{_slug(why)}"] = n
         return out
 
@@ -468,6 +515,7 @@ class RobustStrategy(Strategy):
             return []
         ids = list(grid.push_messages(messages))
         pending = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
+        self._dst_of = dict(pending)
         sent = len(pending)
         got: list[Message] = []
         ok = 0
@@ -510,12 +558,27 @@ class RobustStrategy(Strategy):
             log.warning("checkpoints in one directory: no replica guards against a lost or forged file")
         return store
 
-    def _fail(self, text: str) -> RunFailed:
+    def _progress(self, rnd: int, attempt: int, waiting: str, connected: Iterable[str] = (),
+                  eligible: Iterable[str] = ()) -> None:
+        """The heartbeat the supervisor's watchdog reads: which round, and what it waits for (a line)."""
+        if self.work_dir is None:
+            return
+        doc = {"round": rnd, "attempt": attempt, "waiting": waiting, "connected": sorted(connected),
+               "eligible": sorted(eligible), "at": time.time()}
+        try:
+            atomic_write(self.work_dir / PROGRESS_FILE, json.dumps(doc).encode())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", PROGRESS_FILE, exc)
+
+    def _fail(self, text: str, trace: str = "") -> RunFailed:
         """Record a run-stopping bad input for the supervisor (one line) and return the error."""
         if self.work_dir is not None:
+            doc: dict[str, Any] = {"error": text, "at": time.time()}
+            if trace:
+                doc["traceback"] = trace
             try:
                 self.work_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write(self.work_dir / FATAL_FILE, json.dumps({"error": text, "at": time.time()}).encode())
+                atomic_write(self.work_dir / FATAL_FILE, json.dumps(doc).encode())
             except OSError as exc:
                 log.error("cannot record the failure in %s: %s", self.work_dir, exc)
         log.error("%s", text)
@@ -530,6 +593,19 @@ class RobustStrategy(Strategy):
             lock = self._begin(grid)
             num_rounds = self.settings.rounds or num_rounds if self.settings is not None else num_rounds
             return self._run(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+        except RunFailed:
+            raise
+        except Exception as exc:
+            # The app's own code (a strategy method, evaluate_fn, the export hook) raised: no restart can help,
+            # so say so once (fatal.json, with the traceback) instead of resubmitting a run that fails the same way.
+            # An exception from inside a Grid call is Flower's connection (the SuperLink went away): the
+            # supervisor restarts that.
+            if self.work_dir is None or _from_grid(exc.__traceback__):
+                raise
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            raise self._fail(f"the ServerApp raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]} "
+                             f"({Path(where.filename).name}:{where.lineno} in {where.name})",
+                             traceback.format_exc()) from exc
         finally:
             if lock >= 0:
                 os.close(lock)
@@ -634,6 +710,7 @@ class RobustStrategy(Strategy):
                     entry.update({k: v for k, v in dict(res).items() if k not in entry})  # e.g. "accuracy"
             history.append(entry)
             round_s.append(time.monotonic() - r0)
+            self._progress(rnd, int(entry.get("attempt", 0)), f"round {rnd} of {num_rounds} done")
             if store is not None:
                 every = rounds_between_checkpoints(store.policy, float(np.mean(round_s)),
                                                    float(np.mean(ckpt_s)) if ckpt_s else None, restarts,
@@ -679,16 +756,21 @@ class RobustStrategy(Strategy):
         failures: list[str] = []
         too_few = 0  # attempts that could not even reach the quorum's number of clients
         for number in range(1, self.max_attempts + 1):
-            have = self._wait_nodes(grid, max(self.quorum, self.min_available_nodes), wait)
+            need = max(self.quorum, self.min_available_nodes)
+            self._progress(rnd, number, f"round {rnd} attempt {number}: waiting for {need} nodes to connect")
+            have = self._wait_nodes(grid, need, wait)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
             att = self._attempt
             assert att is not None
+            connected = att.connected
             if len(msgs) < self.quorum:
                 att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} clients, "
                                f"{len(msgs)} eligible of {have} connected")
                 failures.append(att.failure)
                 too_few += 1
                 log.warning("round %d attempt %d: %s", rnd, number, att.failure)
+                self._progress(rnd, number, f"round {rnd} attempt {number}: {att.failure}", connected,
+                               att.sent.values())
                 continue
             replies = self._collect(grid, msgs, self.quorum, wait)
             new, metrics = self.aggregate_train(rnd, replies)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 
 from runtime import codec
 from runtime.errors import DecodeError, SecurityError
+from runtime.ids import is_id
 from runtime.messages import Envelope, FleetSummary
 from runtime.security import TrustStore, Verifier
 
@@ -41,11 +41,10 @@ NOT_A_SUMMARY = "not a summary"
 BAD_FOG_ID = "invalid fog id"
 OLDER = "older than the stored summary"
 MAX_SUMMARY_BYTES = 4 * 1024 * 1024
-_FOG_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def valid_fog_id(fog_id: str) -> bool:
-    return bool(_FOG_ID.match(fog_id))
+    return is_id(fog_id)
 
 
 def open_summary(payload: bytes | memoryview, fog_id: str, fog_key: bytes, site: str,
@@ -148,7 +147,7 @@ class SiteKey:
     fog_site: str
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "SiteKey":
+    def from_json(cls, d: Mapping[str, Any]) -> SiteKey:
         return cls(str(d["summaries_dir"]), str(d["fog_id"]), str(d["fog_key"]), str(d["fog_site"]))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,17 +28,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from runtime.errors import LocalViolation
 from runtime.files import atomic_write
+from runtime.ids import is_id
 
 from .layout import DUPLICATE_DEVICE, UNKNOWN_NODE
 
 __all__ = ["SUPERNODES_FILE", "AuthorizedNode", "KeyBook", "keygen", "key_id", "devices_of", "valid_device_id"]
 
 SUPERNODES_FILE = "supernodes.json"
-_DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def valid_device_id(name: str) -> bool:
-    return bool(_DEVICE_ID.match(name))
+    return is_id(name)
 
 
 def _load_public(data: bytes) -> ec.EllipticCurvePublicKey:

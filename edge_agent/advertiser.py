@@ -3,8 +3,8 @@
 Pure: time is a parameter, and the shell publishes what this returns. A state
 is due every ``state_interval_s`` and at once on a significant change: the
 battery fell by ``battery_points`` since the last advert, free memory moved
-by ``memory_fraction``, the set of partitions (or their health) changed, or
-throttling started or stopped.
+by ``memory_fraction``, the set of partitions (or their health) changed,
+throttling started or stopped, or the link became (un)metered.
 """
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ def change_reason(prev: Snapshot, cur: Snapshot, policy: AdvertPolicy) -> str | 
             return "battery dropped"
     if a.charging != b.charging:
         return "charging changed"
+    if a.metered != b.metered:
+        return "metered changed"
     base = max(a.free_memory_bytes, 1)
     if abs(b.free_memory_bytes - a.free_memory_bytes) >= policy.memory_fraction * base:
         return "free memory changed"
@@ -115,13 +117,7 @@ def build_birth(device_id: str, site: str, caps: Capabilities, public_key: bytes
     """The birth certificate: capabilities, labels (probe labels overridden by the operator's), taints, key."""
     merged = {**caps.labels, **labels}
     merged.setdefault("site", site)
-    return DeviceBirth(
-        device_id=device_id, epoch=epoch, seq=seq, site=site, public_key=public_key,
-        flops=float(caps.flops), memory_bytes=int(caps.memory_bytes),
-        uplink_bps=float(caps.uplink_bps), downlink_bps=float(caps.downlink_bps), rtt_s=float(caps.rtt_s),
-        power_active_w=float(caps.power_active_w), power_idle_w=float(caps.power_idle_w),
-        tx_j_per_byte=float(caps.tx_j_per_byte), rx_j_per_byte=float(caps.rx_j_per_byte),
-        battery_capacity_wh=None if caps.battery_capacity_wh is None else float(caps.battery_capacity_wh),
-        labels=merged, taints=taints, accelerators=caps.accelerators, providers=caps.providers,
-        cpu_count=int(caps.cpu_count), state_interval_s=float(state_interval_s),
+    return DeviceBirth.of(
+        caps, device_id=device_id, epoch=epoch, seq=seq, site=site, public_key=public_key,
+        labels=merged, taints=(*caps.taints, *taints), state_interval_s=float(state_interval_s),
         simulated=caps.simulated, agent_version=AGENT_VERSION)

@@ -37,18 +37,35 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime import codec, relay
-from runtime.files import atomic_write
 from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
-from runtime.messages import (CommandAck, Deploy, DeviceDeath, Envelope, FogState, Message, Rebirth, Taint,
-                              TimeHint, Undeploy)
+from runtime.files import atomic_write
+from runtime.messages import (
+    CommandAck,
+    Deploy,
+    DeviceDeath,
+    Envelope,
+    FogState,
+    Message,
+    Rebirth,
+    Taint,
+    TimeHint,
+    Undeploy,
+)
 from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will
 from runtime.relay import Sealer
-from runtime.security import (Identity, SessionKeyPair, Signer, TrustStore, Verifier, fingerprint,
-                              verify_session_offer)
+from runtime.security import (
+    Identity,
+    SessionKeyPair,
+    Signer,
+    TrustStore,
+    Verifier,
+    fingerprint,
+    verify_session_offer,
+)
 from runtime.topics import ACK, ACT, BIRTH, CMD, DEATH, STATE, Topics
 
 from .acks import watcher
-from .advertiser import AdvertPolicy, Advertiser, Snapshot, build_birth
+from .advertiser import Advertiser, AdvertPolicy, Snapshot, build_birth
 from .cache import ArtifactCache
 from .commands import LOAD_FAILED, check_deploy
 from .credentials import FOG_EPOCH_FILE, NOT_ENROLLED, REPLAY_FILE, FogInfo, load_fog_info
@@ -116,18 +133,21 @@ def load_identity(data_dir: Path, name: str) -> Identity:
 def partition_flops(artifact: bytes) -> float | None:
     """FLOPs of one sample through a partition (models.profile), or None when it cannot tell."""
     try:
-        import warnings  # noqa: PLC0415
+        import warnings
 
-        from models.graph import analyze, load_model  # noqa: PLC0415 - onnx: simulated devices only
-        from models.profile import profile_model  # noqa: PLC0415
+        from models.graph import analyze, load_model
+        from models.profile import profile_model
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = load_model(artifact)
+            if any(d.dim_param for vi in model.graph.input
+                   for d in list(vi.type.tensor_type.shape.dim)[1:]):
+                return None  # sizes beyond the batch are open: the executor sizes a real request
             dims = {d.dim_param: 1 for vi in model.graph.input for d in vi.type.tensor_type.shape.dim
                     if d.dim_param}  # one sample; the executor scales by the batch it sees
             return float(profile_model(analyze(model, dims=dims)).flops) or None
-    except Exception:  # noqa: BLE001 - an optional model: no delay rather than a failed deploy
+    except Exception:
         log.debug("cannot profile partition", exc_info=True)
         return None
 
@@ -173,6 +193,9 @@ class Agent:
         self.caps = probe.capabilities()
         if cfg.model_compute:
             self.executor.device_flops = self.caps.flops
+        # Joules per request: measured on the board's rails where the probe has them, else modelled.
+        self.executor.power_active_w = self.caps.power_active_w
+        self.executor.measure_energy = getattr(probe, "measure_energy", None)
         if hasattr(probe, "reserved"):
             probe.reserved = self.executor.reserved_memory  # simulated memory accounting
         self.advertiser = Advertiser(cfg.device_id, AdvertPolicy(cfg.state_interval_s))
@@ -211,7 +234,7 @@ class Agent:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Agent":
+    def start(self) -> Agent:
         self._thread.start()
         self.client.start()
         return self
@@ -324,7 +347,7 @@ class Agent:
                     next_probe = now + self.cfg.probe_interval_s
                     self._observe(now)
                     self._ask_fog_state_again(now)
-            except Exception:  # noqa: BLE001 - the loop must survive any single bad message
+            except Exception:
                 self._count("handler error")
                 log.exception("%s: agent loop error on %s", self.device_id, kind)
 
@@ -639,7 +662,9 @@ class Agent:
                          "providers": list(ex.providers)},
             "partitions": [{"workload": p.workload, "version": p.version, "replica": p.replica, "index": p.index,
                             "health": p.health, "served": p.served, "errors": p.errors,
-                            "p50_s": p.p50_s, "p99_s": p.p99_s} for p in ex.statuses()],
+                            "p50_s": p.p50_s, "p99_s": p.p99_s, "calib_s": p.calib_s,
+                            "joules_per_inference": p.joules_per_inference,
+                            "energy_measured": p.energy_measured} for p in ex.statuses()],
             "link": {"uplink_bps": self.link.uplink_bps, "rtt_s": self.link.rtt_s},
             "mqtt": {"received": mc.received, "dropped_oversized": mc.dropped_oversized,
                      "dropped_overflow": mc.dropped_overflow, "connects": mc.connects,

@@ -15,23 +15,29 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["register", "main", "handler"]
+__all__ = ["register", "main", "handler", "TOKEN_ENV"]
 
 log = logging.getLogger("edge_agent")
 
+TOKEN_ENV = "FOGLINE_TOKEN"
+
 
 def register(subparsers: Any) -> None:
+    from runtime import cliargs as ca
+
     p = subparsers.add_parser(
         "agent", help="run an edge agent (or: fogline agent key --data-dir DIR)",
         description="Run the Fogline edge agent on this device, simulate devices, or print the device key.")
     p.add_argument("action", nargs="?", choices=("run", "key"), default="run",
                    help="run (default) or key: print the public key and fingerprint for enrolment")
-    p.add_argument("--broker", metavar="HOST:PORT", help="fog MQTT broker; default: find it with zeroconf")
+    p.add_argument("--broker", metavar="HOST:PORT", type=ca.host_or_hostport,
+                   help="fog MQTT broker (port 8883; 1883 with --insecure); default: find it with zeroconf")
     p.add_argument("--id", dest="device_id", help="device id (default: the host name)")
-    p.add_argument("--data-dir", type=Path, help="key, epoch, pinned fog key, artifact cache "
+    p.add_argument("--data-dir", type=ca.writable_dir, help="key, epoch, pinned fog key, artifact cache "
                    "(default: ~/.local/share/fogline/agent-ID)")
     p.add_argument("--site", help="site name (default: the discovered fog's, else 'default')")
     p.add_argument("--labels", default="", help="k=v,... (override probed labels such as arch)")
@@ -42,9 +48,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--keepalive", type=int, default=5, metavar="S", help="MQTT keepalive (5 s)")
     p.add_argument("--fog-key", metavar="HEX", help="the fog broker's Ed25519 public key, from its operator "
                    "(default: the one enrolment stored in DIR/fog.json; never learned from the network)")
-    p.add_argument("--token", metavar="TOKEN", help="bootstrap token (fgl1.…) to enrol DIR on first start; "
-                   "on the fog: fogline token create --data-dir FOGDIR [--uses N]")
-    p.add_argument("--enroll", metavar="HOST:PORT",
+    p.add_argument("--token-file", type=Path, metavar="FILE",
+                   help="file holding the bootstrap token (fgl1.…) to enrol DIR on first start (or set "
+                        f"{TOKEN_ENV}); on the fog: fogline token create --data-dir FOGDIR [--uses N]")
+    p.add_argument("--token", metavar="TOKEN", help="the bootstrap token itself: discouraged, a command line is "
+                   f"visible to every user in ps (use --token-file or {TOKEN_ENV}); the agent moves it out of "
+                   "its command line at once")
+    p.add_argument("--enroll", metavar="HOST:PORT", type=ca.hostport,
                    help="the fog's enrolment service (default: the broker host, broker port + 1)")
     p.add_argument("--enroll-timeout", type=float, default=600.0, metavar="S",
                    help="how long to wait for an operator's approval (600 s)")
@@ -78,7 +88,65 @@ def _profile_names() -> list[str]:
 def handler(args: argparse.Namespace) -> int:
     if args.action == "key":
         return _key(args)
+    try:
+        args.token = _token(args)
+    except _Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return _run(args)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The bootstrap token from --token-file, $FOGLINE_TOKEN or (warned) --token.
+
+    A token on the command line stays readable in ``ps`` by every user of the host for the agent's
+    life: it is moved to the environment (readable by this user only) by re-executing the same
+    command without it, so it is visible only for the moment the process takes to start.
+    """
+    import os
+
+    given = [n for n, v in (("--token", args.token), ("--token-file", args.token_file)) if v]
+    if len(given) > 1:
+        raise _Refused("--token and --token-file exclude each other")
+    if args.token_file is not None:
+        try:
+            return Path(args.token_file).read_text(encoding="utf-8", errors="replace").strip()[:512] or None
+        except OSError as exc:
+            raise _Refused(f"cannot read --token-file {args.token_file}: {exc.strerror or exc}") from None
+    if args.token:
+        log.warning("--token puts the bootstrap token in the command line, which every user of this host can "
+                    "read (ps); use --token-file FILE or %s", TOKEN_ENV)
+        _reexec_without_token(args.token)
+        return str(args.token)
+    return os.environ.pop(TOKEN_ENV, "").strip() or None  # popped: the agent's children never see it
+
+
+def _reexec_without_token(token: str) -> None:
+    """Start this same command again with the token in the environment instead of the argv (only
+    when the process was started with it in its argv: not when ``main`` is called in-process)."""
+    import os
+
+    argv = list(getattr(sys, "orig_argv", []))
+    if os.environ.get(TOKEN_ENV) or not argv or token not in argv:
+        return
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--token":
+            skip = True
+        elif a != f"--token={token}":
+            out.append(a)
+    if token in out:
+        return  # the token also appears elsewhere: leave the command as it is
+    env = dict(os.environ, **{TOKEN_ENV: token})
+    sys.stderr.flush()
+    sys.stdout.flush()
+    try:
+        os.execve(sys.executable, out, env)
+    except OSError as exc:
+        log.warning("could not move the token out of the command line (%s)", exc)
 
 
 def _default_dir(device_id: str) -> Path:
@@ -86,11 +154,11 @@ def _default_dir(device_id: str) -> Path:
 
 
 def _key(args: argparse.Namespace) -> int:
-    import json  # noqa: PLC0415
+    import json
 
-    from runtime.security import Identity  # noqa: PLC0415
+    from runtime.security import Identity
 
-    from .agent import KEY_FILE  # noqa: PLC0415
+    from .agent import KEY_FILE
 
     data_dir = args.data_dir or _default_dir(args.device_id or _hostname())
     ident = Identity.load_or_create(args.device_id or "agent", Path(data_dir) / KEY_FILE)
@@ -104,16 +172,17 @@ def _key(args: argparse.Namespace) -> int:
 
 
 def _hostname() -> str:
-    import socket  # noqa: PLC0415
+    import socket
 
     name = socket.gethostname().split(".")[0] or "device"
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in name)[:64]
+    return name if name[:1].isalnum() else f"device{name}"[:64]
 
 
 def _discover(site: str | None, timeout: float) -> tuple[str, int, str] | None:
     """(host, port, site) of a fog broker found with zeroconf, or None."""
     try:
-        from runtime.discovery import browse  # noqa: PLC0415 - zeroconf only when needed
+        from runtime.discovery import browse
     except ImportError as exc:
         log.error("zeroconf discovery unavailable (%s); pass --broker HOST:PORT", exc)
         return None
@@ -136,9 +205,9 @@ def _run(args: argparse.Namespace) -> int:
     except _Refused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from runtime.errors import LocalViolation  # noqa: PLC0415
+    from runtime.errors import LocalViolation
 
-    from .runner import run_agents  # noqa: PLC0415
+    from .runner import run_agents
 
     try:
         return run_agents(cfgs, profile=profile, speedup=args.sim_speedup, flops=args.flops)
@@ -149,9 +218,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
     """AgentConfigs for this command line, enrolling data dirs first when a token is given."""
-    from runtime.mqtt import parse_hostport  # noqa: PLC0415
+    from runtime.mqtt import parse_hostport
 
-    from .commands import parse_labels, parse_taints  # noqa: PLC0415
+    from .commands import parse_labels, parse_taints
 
     try:
         labels = parse_labels(args.labels)
@@ -169,7 +238,7 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
         raise _Refused("--insecure and --token exclude each other: enrolment is for TLS")
     profile = None
     if args.simulate:
-        from simulations.profiles import PROFILES  # noqa: PLC0415
+        from .profiles import PROFILES
 
         profile = PROFILES.get(args.simulate)
         if profile is None:
@@ -183,18 +252,20 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
     else:
         ids = [args.device_id or (f"{args.id_prefix}0" if args.simulate and not args.device_id else _hostname())]
         dirs = [args.data_dir or _default_dir(ids[0])]
-    bad = [i for i in ids if not i or len(i) > 128 or any(c in i for c in "/+#\x00")]
+    from runtime.ids import id_problem
+
+    bad = [p for p in (id_problem(i, "device id") for i in ids) if p]
     if bad:
-        raise _Refused(f"invalid device id {bad[0]!r}: 1-128 characters, no '/', '+', '#'")
+        raise _Refused(bad[0])
 
-    from runtime.errors import LocalViolation  # noqa: PLC0415
+    from runtime.errors import LocalViolation
 
-    from .credentials import NOT_ENROLLED, is_enrolled, load_fog_info, tls_config  # noqa: PLC0415
+    from .credentials import NOT_ENROLLED, is_enrolled, load_fog_info, tls_config
 
     site = args.site
     if args.broker:
         try:
-            host, port = parse_hostport(args.broker)
+            host, port = parse_hostport(args.broker, 1883 if args.insecure else 8883)
         except ValueError as exc:
             raise _Refused(str(exc)) from None
     else:
@@ -212,7 +283,7 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
             raise _Refused("no fog broker found with zeroconf; pass --broker HOST:PORT")
 
     if args.insecure:
-        from runtime.net import require_loopback  # noqa: PLC0415
+        from runtime.net import require_loopback
 
         try:
             require_loopback(host, "--insecure")
@@ -226,7 +297,7 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
             _enrol(args, todo, host, port)
 
     cfgs = []
-    from .agent import AgentConfig  # noqa: PLC0415
+    from .agent import AgentConfig
 
     threads = args.threads if args.threads is not None else (1 if profile is not None else 0)
     for i, d in zip(ids, dirs):
@@ -256,9 +327,9 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
 
 
 def _stored_fog(data_dir: Path) -> Any:
-    from runtime.errors import LocalViolation  # noqa: PLC0415
+    from runtime.errors import LocalViolation
 
-    from .credentials import load_fog_info  # noqa: PLC0415
+    from .credentials import load_fog_info
 
     try:
         return load_fog_info(data_dir)
@@ -268,9 +339,9 @@ def _stored_fog(data_dir: Path) -> Any:
 
 def _enrol(args: argparse.Namespace, todo: list[tuple[str, Path]], host: str, port: int) -> None:
     """Enrol each (id, dir) with the token: fetch and check the CA once, then request and wait."""
-    from runtime.mqtt import parse_hostport  # noqa: PLC0415
+    from runtime.mqtt import parse_hostport
 
-    from .enrol import EnrolError, enrol_dirs  # noqa: PLC0415
+    from .enrol import EnrolError, enrol_dirs
 
     try:
         ehost, eport = parse_hostport(args.enroll) if args.enroll else (host, port + 1)

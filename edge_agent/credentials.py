@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.errors import LocalViolation
 from runtime.credentials import FOG_JSON, FogInfo
+from runtime.errors import LocalViolation
 from runtime.mqtt import TlsConfig
 
 __all__ = ["FogInfo", "FOG_JSON", "TLS_DIR", "FOG_EPOCH_FILE", "REPLAY_FILE", "is_enrolled", "load_fog_info",
@@ -21,7 +21,8 @@ TLS_DIR = "tls"
 FOG_EPOCH_FILE = "fog_epoch"    # highest fog epoch accepted from a sealed fog STATE
 REPLAY_FILE = "replay.json"     # the command verifier's replay high-water marks
 NOT_ENROLLED = ("{dir} is not enrolled with a fog: on the fog run `fogline token create --data-dir FOGDIR`, "
-                "then start the agent with --token TOKEN (or --fog-key HEX --insecure for a loopback test broker)")
+                "then start the agent with --token-file FILE or FOGLINE_TOKEN=TOKEN in its environment "
+                "(or --fog-key HEX --insecure for a loopback test broker)")
 
 
 def is_enrolled(data_dir: Path) -> bool:
@@ -34,7 +35,7 @@ def load_fog_info(data_dir: Path) -> FogInfo | None:
     try:
         return FogInfo.load(Path(data_dir) / FOG_JSON)
     except LocalViolation as exc:
-        raise LocalViolation(f"{exc}; enrol again with --token") from None
+        raise LocalViolation(f"{exc}; enrol again with --token-file") from None
 
 
 def tls_config(data_dir: Path, server_hostname: str | None = None) -> TlsConfig:

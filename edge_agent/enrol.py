@@ -23,9 +23,9 @@ import re
 import shutil
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from runtime.errors import FoglineError
 
@@ -36,7 +36,7 @@ __all__ = ["BootstrapToken", "EnrolError", "parse_token", "fetch_ca", "Enrolment
 
 PENDING_DIR = "enrol-pending"
 MAX_ANSWER = 64 * 1024
-_TOKEN_RE = re.compile(r"^fgl1\.([a-z0-9]{6})\.([a-z0-9]{16})\.([0-9a-f]{64})$")
+_TOKEN_RE = re.compile(r"fgl1\.([a-z0-9]{6})\.([a-z0-9]{16})\.([0-9a-f]{64})")
 _MIN_RETRY_S, _MAX_RETRY_S = 0.1, 60.0
 
 
@@ -57,7 +57,7 @@ class BootstrapToken:
 
 
 def parse_token(text: str) -> BootstrapToken:
-    m = _TOKEN_RE.match(text.strip())
+    m = _TOKEN_RE.fullmatch(text.strip())
     if m is None:
         raise EnrolError("not a Fogline bootstrap token (expected fgl1.<id>.<secret>.<ca-sha256>; "
                          "on the fog run `fogline token create --data-dir FOGDIR`)")
@@ -69,7 +69,7 @@ def approve_hint(device_id: str) -> str:
 
 
 def _ca_fingerprint(ca_pem: bytes) -> str | None:
-    from runtime.pki import fingerprint_of  # noqa: PLC0415 - cryptography only when enrolling
+    from runtime.pki import fingerprint_of
 
     try:
         return fingerprint_of(ca_pem)
@@ -139,7 +139,7 @@ class Enrolment:
 
     def __init__(self, data_dir: Path, device_id: str, signing_key: bytes, token: BootstrapToken, ca_pem: bytes,
                  host: str, port: int, *, timeout: float = 10.0) -> None:
-        from runtime.pki import make_key_and_csr  # noqa: PLC0415 - cryptography only when enrolling
+        from runtime.pki import make_key_and_csr
 
         self.data_dir = Path(data_dir)
         self.device_id = device_id
@@ -243,9 +243,9 @@ class Enrolment:
 
     def _check_answer(self, data: bytes) -> FogInfo:
         """The 200 answer: our certificate from the token's CA, and a usable fog.json."""
-        from cryptography import x509  # noqa: PLC0415
-        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
-        from cryptography.x509.oid import NameOID  # noqa: PLC0415
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.x509.oid import NameOID
 
         def bad(why: str) -> EnrolError:
             return EnrolError(f"the fog's enrolment answer is invalid: {why}")
@@ -316,8 +316,8 @@ def enrol_dirs(token_text: str, devices: list[tuple[str, Path]], host: str, port
                notify: Callable[[str], None] = lambda line: None) -> list[Enrolment]:
     """Enrol every (device id, data dir) that is not enrolled yet with one token (the CA is fetched and
     checked once); returns the requests it made. ``EnrolError`` (one line) on any refusal."""
-    from .agent import load_identity  # noqa: PLC0415 - the device key lives with the agent
-    from .credentials import is_enrolled  # noqa: PLC0415
+    from .agent import load_identity
+    from .credentials import is_enrolled
 
     todo = [(i, Path(d)) for i, d in devices if not is_enrolled(Path(d))]
     if not todo:

@@ -11,14 +11,17 @@ imported on the first load, so an idle agent never pays for it.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from runtime import activations
 from runtime.errors import RemoteViolation
 from runtime.messages import Activation, InferenceResult, PartitionStatus
 from runtime.relay import Sealer
@@ -55,6 +58,12 @@ class _Partition:
     health: str = "running"
     flops: float | None = None  # per sample (leading dim 1), for the simulated compute delay
     calib_s: float = 0.0  # one request's compute, timed at load (the calibration the fog learns from)
+    joules: float = 0.0  # one request's energy on this board (probes.energy), 0.0: not known
+    energy_measured: bool = False
+    # simulated device whose partition's FLOPs need real input shapes: sized on its first request
+    sim_artifact: bytes = b""
+    # inputs with open sizes beyond the batch: made-up inputs say nothing, the first request times it
+    calib_on_first: bool = False
 
 
 # onnxruntime's input type strings -> numpy dtypes the calibration feeds with
@@ -63,8 +72,39 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tenso
                "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
+def _calibration_feeds(session: Any) -> dict[str, Any] | None:
+    """Inputs made from a session's own signature (dynamic dims taken as 1); None: unknown types."""
+    feeds: dict[str, Any] = {}
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        dtype = _ORT_DTYPES.get(i.type)
+        if dtype is None:
+            return None
+        feeds[i.name] = (np.random.default_rng(0).standard_normal(shape).astype(dtype)
+                         if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype))
+    return feeds
+
+
+def _sample_flops(artifact: bytes, feeds: dict[str, Any]) -> float | None:
+    """FLOPs of one sample through a partition with these inputs' shapes (leading dim 1)."""
+    try:
+        import warnings
+
+        from models.graph import analyze, load_model
+        from models.profile import profile_model
+
+        shapes = {n: [1, *v.shape[1:]] if v.ndim else [] for n, v in feeds.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ga = analyze(load_model(artifact), input_shapes=shapes)
+            return float(profile_model(ga).flops) or None
+    except Exception:
+        log.debug("cannot size partition", exc_info=True)
+        return None
+
+
 def _ort() -> Any:
-    import onnxruntime  # noqa: PLC0415 - lazy on purpose: ~100 MB and ~0.3 s the idle agent never needs
+    import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)
     return onnxruntime
@@ -93,6 +133,9 @@ class Executor:
         self.answered = 0
         self.undeliverable = 0
         self.providers: tuple[str, ...] = ()
+        # The board's meter (LiveProbe.measure_energy) and the modelled draw where it has none.
+        self.measure_energy: Callable[[Callable[[int], None], int], Any] | None = None
+        self.power_active_w = 0.0
 
     # ------------------------------------------------------------ partitions (agent thread)
 
@@ -105,6 +148,9 @@ class Executor:
             opts.intra_op_num_threads = self.intra_op_threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        # Partition bytes are data, never paths: ONNX external data would be read from this
+        # process's working directory. Under os.devnull (no directory) it resolves nowhere.
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", os.devnull)
         available = ort.get_available_providers()
         wanted = best_providers(available)
         try:
@@ -115,7 +161,12 @@ class Executor:
         part = _Partition(key, sha256, memory_bytes, session,
                           tuple(i.name for i in session.get_inputs()),
                           tuple(o.name for o in session.get_outputs()), flops=flops)
-        part.calib_s = self._calibrate(session, flops)
+        if self.device_flops and not flops:
+            part.sim_artifact = artifact
+        part.calib_on_first = any(not isinstance(d, int) or d <= 0
+                                  for i in session.get_inputs() for d in list(i.shape)[1:])
+        part.calib_s = 0.0 if part.calib_on_first else self._calibrate(session, flops)
+        part.joules, part.energy_measured = self._energy(session, part.calib_s)
         with self._lock:
             self._parts[key] = part
         self._ensure_workers()
@@ -126,14 +177,9 @@ class Executor:
         Inputs are made from the session's own signature (dynamic dims taken as 1). A simulated
         device reports the compute it models, as the data path does. 0.0 when it cannot run.
         """
-        feeds = {}
-        for i in session.get_inputs():
-            shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
-            dtype = _ORT_DTYPES.get(i.type)
-            if dtype is None:
-                return 0.0
-            feeds[i.name] = (np.random.default_rng(0).standard_normal(shape).astype(dtype)
-                             if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype))
+        feeds = _calibration_feeds(session)
+        if feeds is None:
+            return 0.0
         times: list[float] = []
         try:
             session.run(None, feeds)  # warm up (allocations, first-run kernels)
@@ -149,6 +195,23 @@ class Executor:
         if self.device_flops and flops:
             measured = max(measured, flops / self.device_flops)
         return measured
+
+    def _energy(self, session: Any, calib_s: float) -> tuple[float, bool]:
+        """(joules per request, measured?): a batch on the board's meter, else the modelled figure."""
+        from .probes import energy
+
+        feeds = _calibration_feeds(session)
+        if self.measure_energy is not None and feeds is not None and calib_s > 0 and not self.device_flops:
+            def batch(n: int) -> None:
+                for _ in range(n):
+                    session.run(None, feeds)
+            try:
+                fig = self.measure_energy(batch, energy.batch_size(calib_s))
+            except Exception:
+                fig = None
+            if fig is not None:
+                return fig.joules_per_inference, True
+        return energy.modelled(self.power_active_w, calib_s).joules_per_inference, False
 
     def unload(self, key: PartitionKey) -> _Partition | None:
         with self._lock:
@@ -167,7 +230,8 @@ class Executor:
             parts = sorted(self._parts.values(), key=lambda p: p.key)
         return tuple(PartitionStatus(p.key[0], p.key[1], p.key[2], p.key[3], p.sha256, p.health,
                                      p.latency.p(50), p.latency.p(99), p.served, p.errors,
-                                     round(p.calib_s, 6)) for p in parts)
+                                     round(p.calib_s, 6), round(p.joules, 9), p.energy_measured)
+                     for p in parts)
 
     # ------------------------------------------------------------ data plane (any thread)
 
@@ -200,7 +264,7 @@ class Executor:
                 return
             try:
                 self._process(item)
-            except Exception as exc:  # noqa: BLE001 - a failure becomes an error reply, never a dead worker
+            except Exception as exc:
                 log.exception("%s: activation %s failed", self.device_id, getattr(item, "request_id", "?"))
                 self._fail(item, f"internal error: {type(exc).__name__}")
 
@@ -218,6 +282,14 @@ class Executor:
             part.errors += 1
             self._fail(act, "deadline exceeded before compute")
             return
+        if act.hop > 0 and any(k.startswith("\0") for k in act.tensors):
+            try:  # the previous hop's output, on the cut's (fog-signed) wire
+                act = replace(act, tensors=activations.decode(act.tensors,
+                                                              act.route[act.hop - 1].wire))
+            except activations.ActivationError as exc:
+                part.errors += 1
+                self._fail(act, f"bad activation: {exc}")
+                return
         missing = [n for n in part.inputs if n not in act.tensors]
         if missing:
             part.errors += 1
@@ -233,6 +305,8 @@ class Executor:
             return
         elapsed = time.monotonic() - t0
         target = elapsed * self.slowdown if self.slowdown > 1.0 else elapsed
+        if part.sim_artifact:  # dynamic dims: the FLOPs of one sample of these shapes, once
+            part.flops, part.sim_artifact = _sample_flops(part.sim_artifact, feeds), b""
         if self.device_flops and part.flops:  # simulated device: the modelled compute time
             first = feeds[part.inputs[0]] if part.inputs else None
             batch = int(first.shape[0]) if first is not None and first.ndim > 0 else 1
@@ -240,6 +314,8 @@ class Executor:
         if target > elapsed:
             time.sleep(target - elapsed)
             elapsed = target
+        if part.calib_on_first:  # the load-time calibration could not: the first request's time
+            part.calib_on_first, part.calib_s = False, elapsed
         self.busy_s += elapsed
         part.latency.add(elapsed)
         part.served += 1
@@ -248,9 +324,12 @@ class Executor:
         if nxt < len(act.route):
             # tensors this partition did not consume travel on (a skip connection past this hop)
             passthrough = {k: v for k, v in act.tensors.items() if k not in part.inputs and k not in outputs}
-            fwd = Activation(act.request_id, act.workload, act.route, nxt, act.reply_to,
-                             {**passthrough, **outputs}, act.deadline, act.ticket, act.ticket_sig, act.keys)
+            out = {**passthrough, **outputs}
             next_device = act.route[nxt].device_id
+            if hop.wire not in ("", "float32") and next_device != self.device_id:
+                out = activations.encode(out, hop.wire)  # compressed across the cut
+            fwd = Activation(act.request_id, act.workload, act.route, nxt, act.reply_to,
+                             out, act.deadline, act.ticket, act.ticket_sig, act.keys)
             self.forwarded += 1
             if next_device == self.device_id:
                 self.submit(fwd)  # next partition is here too: skip the broker round trip

@@ -6,12 +6,12 @@ own). ``simulated_faults`` is a Flower mod (``ClientApp(mods=[simulated_faults])
 that does nothing unless the SuperNode's node config names an attack, e.g.
 ``flower-supernode ... --node-config "byzantine='sign-flip'"``; simulations and
 tests use it to put a Byzantine client among honest ones without changing
-the app. The update attacks themselves live in ``cloud_coordinator.attacks``.
+the app. The update attacks themselves live in ``runtime.attacks``.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 __all__ = ["ATTACKS", "apply_attack", "simulated_faults", "device_identity"]
 
 log = logging.getLogger("fogline.edge.flower")
-# update attacks (cloud_coordinator.attacks), then malformed replies a robust server must survive
+# update attacks (runtime.attacks), then malformed replies a robust server must survive
 ATTACKS = ("sign-flip", "gaussian", "nan", "inf-examples", "wrong-shape")
 
 
@@ -31,7 +31,7 @@ def device_identity(context: Context) -> tuple[str, int]:
 
 def apply_attack(mode: str, global_w: list[np.ndarray], honest_w: list[np.ndarray], seed: int) -> list[np.ndarray]:
     """Turn this client's honest arrays into a Byzantine update (it sees only its own update)."""
-    from cloud_coordinator import attacks
+    from runtime import attacks
 
     flat = np.concatenate([(np.asarray(h, np.float64) - g).ravel() for g, h in zip(global_w, honest_w, strict=True)])
     if mode == "sign-flip":

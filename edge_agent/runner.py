@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 import zlib
 from typing import Any
 
-from simulations.profiles import DeviceProfile
-
 from .agent import Agent, AgentConfig
+from .profiles import DeviceProfile
 
 __all__ = ["run_agents", "make_agent"]
 
@@ -22,14 +22,23 @@ def make_agent(cfg: AgentConfig, *, profile: DeviceProfile | None = None, speedu
     """An agent with the live probe, or a simulated device when ``profile`` is given."""
     probe: Any
     if profile is not None:
-        from .simulated import SimulatedDevice  # noqa: PLC0415
+        from .simulated import SimulatedDevice
 
         probe = SimulatedDevice(profile, seed=zlib.crc32(cfg.device_id.encode()), speedup=speedup)
     else:
-        from .probes.live import LiveProbe  # noqa: PLC0415
+        from .probes.live import LiveProbe
 
-        probe = LiveProbe(flops=flops)
+        # FOGLINE_PROBE_ROOT: the host's /proc and /sys mounted elsewhere (a container);
+        # FOGLINE_METERED=yes|no: the owner's word on the link, over NetworkManager's guess.
+        probe = LiveProbe(os.environ.get("FOGLINE_PROBE_ROOT") or "/", flops=flops,
+                          metered=_yes_no(os.environ.get("FOGLINE_METERED")))
     return Agent(cfg, probe)
+
+
+def _yes_no(value: str | None) -> bool | None:
+    """An environment switch: yes/no (also 1/0, true/false); None when unset or anything else."""
+    v = (value or "").strip().lower()
+    return True if v in ("1", "yes", "true", "on") else False if v in ("0", "no", "false", "off") else None
 
 
 def run_agents(cfgs: list[AgentConfig], *, profile: DeviceProfile | None = None, speedup: float = 1.0,

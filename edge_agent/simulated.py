@@ -7,10 +7,9 @@ active-minus-idle difference for the seconds the executor computed.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
-from simulations.profiles import DeviceProfile
-
+from .profiles import DeviceProfile
 from .readings import Capabilities, Reading
 
 __all__ = ["SimulatedDevice"]
@@ -32,12 +31,8 @@ class SimulatedDevice:
 
     def capabilities(self) -> Capabilities:
         p = self.profile
-        return Capabilities(
-            flops=p.flops, memory_bytes=p.memory_bytes, uplink_bps=p.uplink_bps, downlink_bps=p.downlink_bps,
-            rtt_s=p.rtt_s, power_active_w=p.power_active_w, power_idle_w=p.power_idle_w,
-            tx_j_per_byte=p.tx_j_per_byte, rx_j_per_byte=p.rx_j_per_byte,
-            battery_capacity_wh=p.battery_capacity_wh, cpu_count=p.cpu_count, accelerators=p.accelerators,
-            providers=p.providers, labels=dict(p.labels), simulated=True, model=p.name)
+        return Capabilities(**{**p.resource_kwargs(), "labels": dict(p.labels)}, simulated=True,
+                            model=p.name)
 
     def read(self, now: float, busy_s: float = 0.0) -> Reading:
         p = self.profile

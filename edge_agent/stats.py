@@ -44,7 +44,7 @@ class LinkEstimator:
     retransmission) must not halve the estimate.
     """
 
-    __slots__ = ("large_bytes", "_rtt", "_bw")
+    __slots__ = ("_bw", "_rtt", "large_bytes")
 
     def __init__(self, large_bytes: int = 64 * 1024, window: int = 16) -> None:
         self.large_bytes = large_bytes

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from runtime import codec, relay
-from runtime.messages import Activation, Deploy, FogState, Hop, Message, Rebirth, RouteTicket, Undeploy
+from runtime import relay
+from runtime.messages import (
+    Activation,
+    Deploy,
+    FogState,
+    Hop,
+    Message,
+    Rebirth,
+    RouteTicket,
+    Undeploy,
+)
 from runtime.security import Identity, Signer, sign_artifact
 
 __all__ = ["FogSigner", "tiny_chain", "TinyChain"]
@@ -93,7 +103,7 @@ class TinyChain:
 
     def activation(self, request_id: str, x: np.ndarray, route: list[tuple[str, int]], reply_to: str,
                    *, workload: str = "wl", version: int = 1, replica: int = 0, deadline: float = 0.0,
-                   fog: "FogSigner | None" = None, keys: Mapping[str, bytes] | None = None) -> Activation:
+                   fog: FogSigner | None = None, keys: Mapping[str, bytes] | None = None) -> Activation:
         """Hop 0 of a request; with ``fog``, carrying its signed route ticket (``keys``: device -> key)."""
         hops = tuple(Hop(dev, workload, version, replica, idx) for dev, idx in route)
         act = Activation(request_id, workload, hops, 0, reply_to, {"x": x}, deadline)
@@ -102,8 +112,8 @@ class TinyChain:
 
 def tiny_chain(seed: int = 0, n_in: int = 8, n_hidden: int = 16, n_out: int = 4) -> TinyChain:
     """Build the models with onnx.helper (onnx imported here: tests and tools only)."""
-    import onnx  # noqa: PLC0415
-    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     w = {"w1": rng.standard_normal((n_in, n_hidden)).astype(np.float32),

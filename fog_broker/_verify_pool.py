@@ -17,8 +17,9 @@ state adverts (docs/protocol.md, Trust).
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["VerifyWorker", "open_session", "looks_mac"]
 
@@ -62,7 +63,15 @@ def _serve(conn: Connection, keys: Mapping[str, bytes], max_skew_s: float, max_s
     from runtime import codec
     from runtime.errors import DecodeError, SecurityError
     from runtime.messages import Envelope
-    from runtime.security import BAD_SIGNATURE, MAC_KINDS, MAC_LEN, MALFORMED, OVERSIZED, TrustStore, Verifier
+    from runtime.security import (
+        BAD_SIGNATURE,
+        MAC_KINDS,
+        MAC_LEN,
+        MALFORMED,
+        OVERSIZED,
+        TrustStore,
+        Verifier,
+    )
     trust = TrustStore(dict(keys))
     # Holds at most one session, only while checking the "mac" item it came with.
     verifier = Verifier(trust, max_skew_s=max_skew_s, max_size=max_size, sessions=True)

@@ -164,9 +164,11 @@ def _devices_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
+        from runtime.ids import is_id
         print(f"{'ID':<24} {'STATE':<9} {'KEY':<20} CERT  VIA")
-        for r in rows:
-            print(f"{r['id']:<24} {r['state']:<9} {r['key']:<20} {'yes' if r['certificate'] else 'no':<5} "
+        for r in rows:  # a name stored before ids were checked whole is shown escaped: one line a device
+            shown = r["id"] if is_id(r["id"]) else repr(r["id"])
+            print(f"{shown:<24} {r['state']:<9} {r['key']:<20} {'yes' if r['certificate'] else 'no':<5} "
                   f"{r['token']}  {r['reason']}")
     return 0
 

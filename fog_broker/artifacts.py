@@ -4,7 +4,8 @@ A workload's ``model`` is ``zoo:NAME`` (built locally by ``models.zoo``) or
 ``file:SHA256`` (an ONNX file an operator uploaded with ``fogline deploy``, or a
 coordinator's release, kept under ``DATA_DIR/models/``). Never a path on the fog
 host: a remote request must not be able to read, or probe for, local files.
-Uploads are checked (hash, size quota, ONNX structure) before they are stored,
+Uploads are checked (hash, size quota, ONNX structure, weights inline: ONNX external
+data would name files on the fog host) before they are stored,
 and blobs no workload or release refers to any more are deleted (``collect``).
 Splits are cached per (model, first, last): a re-placement of a lost partition
 reuses the bytes of the first deploy, so only the signature is new.
@@ -128,6 +129,7 @@ class ArtifactBuilder:
             if not path.exists():
                 raise RemoteViolation(f"model {sha[:12]} was never uploaded to this fog broker")
             model = onnx.load_model_from_string(path.read_bytes())
+            _refuse_external(model)  # a blob stored before side files were refused at the door
         else:
             raise RemoteViolation(f"model {ref[:80]!r} is neither zoo:NAME nor an uploaded file:SHA256")
         self._models[ref] = model
@@ -168,7 +170,7 @@ class ArtifactBuilder:
 
     def io_spec(self, ref: str) -> dict[str, list[dict[str, Any]]]:
         """The model's own inputs and outputs: name, numpy dtype name, shape (-1 for a dynamic dim)."""
-        import onnx  # noqa: PLC0415
+        import onnx
 
         with self._lock:
             model = self._load(ref)
@@ -217,14 +219,32 @@ class ArtifactBuilder:
 
 def _check_onnx(data: bytes) -> None:
     """Structural check of an uploaded model (parse + onnx.checker), before it is stored."""
-    import onnx  # noqa: PLC0415 - heavy: only when a model arrives
+    import onnx
 
     try:
         model = onnx.load_model_from_string(data)
+    except Exception as exc:
+        raise RemoteViolation(f"uploaded file is not a valid ONNX model: {_first_line(exc)}") from None
+    _refuse_external(model)
+    try:
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker raise many kinds; all mean "not ONNX"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RemoteViolation(f"uploaded file is not a valid ONNX model: {first[:160]}") from None
+        raise RemoteViolation(f"uploaded file is not a valid ONNX model: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
+
+
+def _refuse_external(model: Any) -> None:
+    """Model bytes are data, never paths: weights in side files (ONNX external data) would name
+    files on the fog host (resolved from its working directory), so such a model is refused."""
+    from models.external import external_tensors, inline_only
+
+    ext = external_tensors(model)
+    if ext:
+        raise RemoteViolation(inline_only("uploaded model", ext[0].name))
 
 
 def model_profile(model: Any, max_segments: int = MAX_SEGMENTS, input_shapes: Any = None) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .placement.model import ChainProfile
 
-__all__ = ["CalibrationBook", "split_by_flops", "device_class"]
+__all__ = ["CalibrationBook", "split_by_flops", "device_class", "throughput", "MIN_THROUGHPUT_S"]
 
 
 def device_class(device_id: str, labels: dict[str, str]) -> str:
@@ -32,6 +32,19 @@ def split_by_flops(profile: ChainProfile, first: int, last: int, seconds: float)
     if total <= 0:
         return {first + i: seconds / len(segs) for i in range(len(segs))}
     return {first + i: seconds * s.flops / total for i, s in enumerate(segs)}
+
+
+#: Shorter calibrations say little about throughput: a run's fixed cost (tens of microseconds in
+#: onnxruntime) would dominate and make an honest device look slow.
+MIN_THROUGHPUT_S = 1e-4
+
+
+def throughput(profile: ChainProfile, first: int, last: int, seconds: float) -> float:
+    """FLOP/s one partition's calibration showed (0.0 when it says nothing): the device's
+    measured compute, which replaces its claimed ``flops`` in placement and checks the claim."""
+    if not seconds >= MIN_THROUGHPUT_S or not 0 <= first <= last < len(profile.segments):
+        return 0.0
+    return sum(s.flops for s in profile.segments[first:last + 1]) / seconds
 
 
 @dataclass

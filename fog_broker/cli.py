@@ -18,18 +18,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the fog broker's commands to the ``fogline`` parser."""
     _add_place(subparsers)
     __import__("fog_broker.service_cli", fromlist=["register_service"]).register_service(subparsers)
-    __import__("fog_broker.hierarchy.cli", fromlist=["register"]).register(subparsers)
 
 
 # --- place ----------------------------------------------------------------------------------
 
 
 def _add_place(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from runtime import cliargs as ca
+
     p = subparsers.add_parser(
         "place", help="solve a placement offline (no broker) and print the plan",
-        description="Place workloads on a fleet under the reference cost model (COST_MODEL.md).")
-    p.add_argument("--fleet", required=True, metavar="FLEET.json", help="fleet file")
-    p.add_argument("--workloads", required=True, metavar="WORKLOADS.json", help="workloads file")
+        description="Place workloads on a fleet under the reference cost model (docs/formats.md: the fleet, "
+                    "workload and plan JSON; examples in examples/fleets/ and examples/workloads/).")
+    p.add_argument("--fleet", required=True, metavar="FLEET.json", type=ca.json_file, help="fleet file")
+    p.add_argument("--workloads", required=True, metavar="WORKLOADS.json", type=ca.json_file,
+                   help="workloads file")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                    help="input shape for every 'model' workload with an input NAME and no "
@@ -37,26 +40,14 @@ def _add_place(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--measure", action="store_true",
                    help="run each placed 'model' workload's partition chain here in "
                         "onnxruntime and report predicted vs measured compute latency")
-    p.add_argument("--repeats", type=int, default=20, metavar="N",
+    p.add_argument("--repeats", type=ca.int_range(1, 100_000), default=20, metavar="N",
                    help="timed runs per chain with --measure (default 20)")
     p.set_defaults(func=_cmd_place)
 
 
-def _read_json(path: str, what: str) -> Any:
-    from runtime.errors import RemoteViolation
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except OSError as exc:
-        raise RemoteViolation(f"cannot read {what} file {path}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise RemoteViolation(f"{what} file {path} is not JSON: {exc}") from exc
-
-
 def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]] | None = None,
                     analyses: dict[str, Any] | None = None) -> Any:
-    """Turn ``model`` (an ONNX path relative to the workloads file) into a chain profile.
+    """Turn ``model`` (``zoo:NAME`` or an ONNX path relative to the workloads file) into a chain profile.
 
     Input shapes: the workload's ``input_shapes``, else ``--input-shape`` for the inputs
     the model has; named dims still open are pinned at 1, as the fog broker serves.
@@ -72,9 +63,11 @@ def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]]
     except ImportError:
         return tuple(workloads)  # model workloads stay pending with a "model" reason
     loaded: dict[str, Any] = {}
+    sources: dict[str, Any] = {}
     for w in todo:
         try:
-            loaded[w.name] = load_model(base / w.model)
+            sources[w.name] = _model_source(w.name, w.model, base)
+            loaded[w.name] = load_model(sources[w.name])
         except ModelError as exc:
             raise SpecError(f"workload {w.name}: {exc}") from None
     shaped: dict[str, dict[str, list[int]]] = {}
@@ -91,7 +84,7 @@ def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]]
         if w.name in loaded:
             model, shapes = loaded[w.name], shaped[w.name]
             try:
-                ga = analyze(base / w.model, dims=serving_dims(model, shapes),
+                ga = analyze(sources[w.name], dims=serving_dims(model, shapes),
                              input_shapes=shapes)
                 mcp = chain_profile(ga, DEFAULT_SEGMENTS, strategy="balanced")
             except ModelError as exc:
@@ -101,6 +94,20 @@ def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]]
             w = w.with_profile(ChainProfile.coerce(mcp))
         out.append(w)
     return tuple(out)
+
+
+def _model_source(name: str, model: str, base: Path) -> Any:
+    """What ``models.graph`` loads for a workload's ``model``: a zoo model (built here) or a file."""
+    from fog_broker.placement import SpecError
+
+    if model.startswith("zoo:"):
+        from models import zoo
+
+        return zoo.build(model[4:])  # an unknown name raises ModelError naming the choices
+    if model.startswith(("release:", "file:")):
+        raise SpecError(f"workload {name}: {model.partition(':')[0]}: models live on a fog broker; "
+                        "fogline place takes zoo:NAME, an ONNX path or an inline 'profile'")
+    return base / model
 
 
 def _measure(plan: Any, workloads: Any, analyses: dict[str, Any], fleet: Any,
@@ -148,10 +155,10 @@ def _cmd_place(args: argparse.Namespace) -> int:
     try:
         from models.cli import parse_input_shapes
 
-        fleet = Fleet.from_dict(_read_json(args.fleet, "fleet"))
-        workloads, quotas = parse_workloads(_read_json(args.workloads, "workloads"))
+        fleet = _parsed(args.fleet, Fleet.from_dict)
+        workloads, quotas = _parsed(args.workloads, parse_workloads)
         analyses: dict[str, Any] = {}
-        workloads = _resolve_models(workloads, Path(args.workloads).resolve().parent,
+        workloads = _resolve_models(workloads, args.workloads.path.resolve().parent,
                                     parse_input_shapes(args.input_shape), analyses)
         t0 = time.perf_counter()
         plan = schedule(fleet, workloads, quotas=quotas)
@@ -171,6 +178,16 @@ def _cmd_place(args: argparse.Namespace) -> int:
         if check is not None:
             print(format_check(check))
     return 0
+
+
+def _parsed(src: Any, parse: Any) -> Any:
+    """``parse(src.doc)`` with the file named in its error."""
+    from fog_broker.placement import SpecError
+
+    try:
+        return parse(src.doc)
+    except SpecError as exc:
+        raise SpecError(f"{src.path}: {exc}") from None
 
 
 def format_check(check: dict[str, Any]) -> str:

@@ -15,15 +15,23 @@ import json
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from runtime import codec
 from runtime.credentials import Credentials, load_credentials
 from runtime.errors import DecodeError, FoglineError, LocalViolation, SecurityError
-from runtime.messages import ControlReply, ControlRequest, FogState, InferenceRequest, InferenceResult
+from runtime.messages import (
+    ControlReply,
+    ControlRequest,
+    FogState,
+    InferenceRequest,
+    InferenceResult,
+)
 from runtime.mqtt import Inbound, MqttClient, parse_hostport
 from runtime.net import require_loopback
 from runtime.security import Signer, TrustStore, Verifier, sha256_hex
@@ -128,7 +136,7 @@ class FogClient:
     def close(self) -> None:
         self._mqtt.stop()
 
-    def __enter__(self) -> "FogClient":
+    def __enter__(self) -> FogClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -173,6 +181,11 @@ class FogClient:
         return codec.encode(env), refusal_id(env)
 
     def _await(self, rid: str, sealed: tuple[bytes, str], topic: str, timeout: float) -> Any:
+        return self._collect(self._post(rid, sealed, topic), timeout)
+
+    def _post(self, rid: str, sealed: tuple[bytes, str], topic: str
+              ) -> tuple[str, str, threading.Event, list[Any]]:
+        """Register the answer's waiter, then publish: the answer cannot arrive unheard."""
         payload, refused = sealed
         ev: threading.Event = threading.Event()
         box: list[Any] = []
@@ -180,13 +193,24 @@ class FogClient:
             self._waiters[rid] = self._waiters[refused] = (ev, box)
         try:
             self._mqtt.publish(topic, payload)
+        except BaseException:
+            self._forget(rid, refused)
+            raise
+        return rid, refused, ev, box
+
+    def _forget(self, rid: str, refused: str) -> None:
+        with self._lock:
+            self._waiters.pop(rid, None)
+            self._waiters.pop(refused, None)
+
+    def _collect(self, posted: tuple[str, str, threading.Event, list[Any]], timeout: float) -> Any:
+        rid, refused, ev, box = posted
+        try:
             if not ev.wait(timeout):
                 raise TimeoutError(f"no answer from the fog broker within {timeout:g} s")
             return box[0]
         finally:
-            with self._lock:
-                self._waiters.pop(rid, None)
-                self._waiters.pop(refused, None)
+            self._forget(rid, refused)
 
     def _hello(self, timeout: float) -> dict[str, Any]:
         """Say hello until the fog answers: it proves both directions work for this identity.
@@ -274,6 +298,61 @@ class FogClient:
         if not isinstance(res, InferenceResult):
             raise InferenceError(f"unexpected answer {type(res).__name__}")
         return res
+
+    def _post_infer(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float
+                    ) -> tuple[str, str, threading.Event, list[Any]]:
+        rid = uuid.uuid4().hex
+        req = InferenceRequest(rid, workload, self.reply_topic,
+                               {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
+        return self._post(rid, self._seal(req), self.topics.infer())
+
+    def stream_results(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
+                       window: int = 8, timeout: float = 5.0) -> Iterator[InferenceResult]:
+        """Every frame's ``InferenceResult``, in the frames' order, with up to ``window`` in flight.
+
+        Keeps a pipelined chain full (stage i on frame n+1 while stage i+1 is on frame n) while
+        bounding what waits anywhere: a new frame is sent only once the oldest is answered, so a
+        slow chain slows the sender (backpressure) instead of growing queues. ``timeout`` is each
+        request's budget from when it was sent. Stopping the iteration early forgets the frames
+        still in flight (their answers are dropped).
+        """
+        if window < 1:
+            raise LocalViolation(f"window must be >= 1, got {window}")
+        pending: deque[tuple[tuple[str, str, threading.Event, list[Any]], float]] = deque()
+
+        def oldest() -> InferenceResult:
+            posted, sent = pending.popleft()
+            res = self._collect(posted, max(0.0, sent + timeout + 2.0 - time.monotonic()))
+            if isinstance(res, ControlReply) and not res.ok:
+                raise InferenceError(res.error)
+            if not isinstance(res, InferenceResult):
+                raise InferenceError(f"unexpected answer {type(res).__name__}")
+            return res
+
+        try:
+            for frame in frames:
+                if len(pending) >= window:
+                    yield oldest()
+                pending.append((self._post_infer(workload, frame, timeout), time.monotonic()))
+            while pending:
+                yield oldest()
+        finally:
+            for posted, _ in pending:
+                self._forget(posted[0], posted[1])
+
+    def stream(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
+               window: int = 8, timeout: float = 5.0) -> Iterator[dict[str, np.ndarray]]:
+        """Each frame's output tensors, in order, ``window`` requests in flight; raise InferenceError
+        on the first frame the fog could not answer (``stream_results`` to see every outcome)."""
+        for res in self.stream_results(workload, frames, window=window, timeout=timeout):
+            if not res.ok:
+                raise InferenceError(res.error)
+            yield {k: np.array(v) for k, v in res.tensors.items()}
+
+    def infer_many(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
+                   window: int = 8, timeout: float = 5.0) -> list[dict[str, np.ndarray]]:
+        """``stream`` collected into a list."""
+        return list(self.stream(workload, frames, window=window, timeout=timeout))
 
     def infer(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float = 5.0) -> dict[str, np.ndarray]:
         """Run one inference through the partition chain; raise InferenceError with the fog's reason."""

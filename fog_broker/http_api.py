@@ -27,10 +27,11 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from runtime import codec
 from runtime.errors import LocalViolation
@@ -38,14 +39,15 @@ from runtime.net import is_loopback
 
 from . import oip
 from .api_auth import Principal, authorize, cert_principal, verify_token
+from .http_limits import ConnectionTable, HttpLimits
 from .trust import TrustError
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .service import FogService
+    from .shell import FogShell as FogService
 
-__all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY", "MAX_TENSOR_BYTES"]
+__all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY", "MAX_TENSOR_BYTES", "HttpLimits"]
 
 log = logging.getLogger("fog_broker.http")
 
@@ -58,6 +60,8 @@ MAX_BODY = 64 * 1024 * 1024
 _INLINE_BYTES = 256 << 10          # bodies and answers above this are parsed / encoded off the event loop
 _TOKEN_CACHE = 10_000
 _TRUST_POLL_S = 0.5               # the owner thread re-reads trust.db this often too
+_LINGER_S = 1.0                   # after an early answer (413, 408), unread body bytes are drained this long
+_TLS_SHUTDOWN_S = 2.0             # a peer that never answers our TLS close_notify holds its socket this long
 
 
 def require_aiohttp() -> None:
@@ -84,7 +88,7 @@ class _Workload:
         return f"status {self.status}, no healthy replica chain yet"
 
 
-def _snapshot(svc: "FogService") -> tuple[dict[str, _Workload], bool]:
+def _snapshot(svc: FogService) -> tuple[dict[str, _Workload], bool]:
     """Owner thread: what the HTTP side needs of the controller, as immutable values."""
     c = svc.controller
     out = {}
@@ -97,8 +101,14 @@ def _snapshot(svc: "FogService") -> tuple[dict[str, _Workload], bool]:
 _FAILURE_STATUS = {"unknown": 404, "not ready": 503, "overloaded": 503, "timeout": 504, "failed": 500}
 
 
-def _result_error(name: str, res: Any) -> oip.ProtocolError:
-    """The router's failure kind -> the protocol's status (the error text stays the router's)."""
+def _result_error(name: str, res: Any, past_deadline: bool = False) -> oip.ProtocolError:
+    """The router's failure kind -> the protocol's status (the error text stays the router's). A request
+    that failed once its deadline had passed timed out (504), whichever hop noticed it first (a device
+    refuses an activation whose deadline passed: "failed")."""
+    if past_deadline and res.failure in ("failed", "timeout", ""):
+        return oip.ProtocolError(504, f"inference timed out: {res.error}")
+    if not res.failure and "overloaded" in res.error:
+        return oip.ProtocolError(503, res.error)
     status = _FAILURE_STATUS.get(res.failure, 500)
     if status == 404:
         return oip.ProtocolError(404, f"unknown model {name!r}")
@@ -112,7 +122,7 @@ def _result_error(name: str, res: Any) -> oip.ProtocolError:
 class _Identities:
     """trust.db's identities as seen by this thread: re-read when ``TrustDB.version()`` moves."""
 
-    def __init__(self, svc: "FogService") -> None:
+    def __init__(self, svc: FogService) -> None:
         self.db = svc.site.db
         self.version = -1
         self.records: dict[str, Any] = {}
@@ -140,8 +150,9 @@ class _Identities:
 class HttpApi:
     """The Open Inference Protocol server of one ``FogService``: ``start()``, then ``stop()``."""
 
-    def __init__(self, svc: "FogService", host: str, port: int, *, tls_dir: Path | None,
-                 default_timeout_s: float = 5.0, max_body: int = MAX_BODY, refresh_s: float = 0.25) -> None:
+    def __init__(self, svc: FogService, host: str, port: int, *, tls_dir: Path | None,
+                 default_timeout_s: float = 5.0, max_body: int = MAX_BODY, refresh_s: float = 0.25,
+                 limits: HttpLimits | None = None) -> None:
         require_aiohttp()
         if tls_dir is None and not is_loopback(host):
             raise LocalViolation(f"plain HTTP (--insecure) is refused on {host}: only on a loopback address; "
@@ -155,6 +166,9 @@ class HttpApi:
         self.refresh_s = refresh_s
         self.shutdown_timeout_s = min(10.0, default_timeout_s + 1.0)
         self.counters: Counter[str] = Counter()
+        self.limits = limits or HttpLimits()
+        self._conns: ConnectionTable[Any] = ConnectionTable(self.limits.max_connections, self.limits.max_per_peer)
+        self._listener: asyncio.Server | None = None
         self._ids = _Identities(svc)
         self._tokens: dict[str, tuple[str, bytes, Principal]] = {}  # token -> (name, key, principal)
         self._workloads: dict[str, _Workload] = {}
@@ -171,7 +185,7 @@ class HttpApi:
         self._version = _fogline_version()
         self._extensions: list[Callable[[Any, HttpApi], None]] = []
 
-    def extend(self, register: Callable[["web.Application", "HttpApi"], None]) -> None:
+    def extend(self, register: Callable[[web.Application, HttpApi], None]) -> None:
         """Add routes (the site page, metrics) before ``start()``: ``register(app, api)`` is called with
         the aiohttp application. Handlers run on this server's loop; they authenticate with
         ``api.principal(request, right)`` and read the fog with ``await api.owner_call(fn)``; a
@@ -203,7 +217,7 @@ class HttpApi:
         ctx.set_alpn_protocols(["http/1.1"])
         return ctx
 
-    def start(self, timeout: float = 15.0) -> "HttpApi":
+    def start(self, timeout: float = 15.0) -> HttpApi:
         ctx = self.ssl_context()
         started = threading.Event()
         failure: list[BaseException] = []
@@ -256,13 +270,52 @@ class HttpApi:
             register(app, self)
         # On stop, requests in flight get up to shutdown_timeout_s to be answered (the router answers
         # every accepted request within its timeout); the fog service stops after this server.
+        # Slow clients (docs/http.md, "Limits"): the TLS handshake and then each request head must
+        # arrive within header_timeout_s (aiohttp's keep-alive timer also runs from a connection's
+        # start, and closes it while it still waits for a complete head); bodies are read raw and
+        # inflated here, within the body budget (auto_decompress off: aiohttp would inflate on this
+        # loop, and keep inflating an unread body after the answer); connections are capped per
+        # peer and in total (ConnectionTable).
+        lim = self.limits
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=self.shutdown_timeout_s)
+                                     shutdown_timeout=self.shutdown_timeout_s, auto_decompress=False,
+                                     keepalive_timeout=lim.header_timeout_s, lingering_time=_LINGER_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ctx, backlog=1024)
-        await site.start()
-        if self._runner.addresses:  # the port bound (PORT 0: any free one)
-            self.port = int(self._runner.addresses[0][1])
+        server = self._runner.server
+        assert server is not None
+        self._install_limits(server)
+        self._listener = await asyncio.get_running_loop().create_server(
+            server, self.host, self.port, ssl=ctx, backlog=1024,
+            ssl_handshake_timeout=lim.header_timeout_s if ctx is not None else None,
+            ssl_shutdown_timeout=_TLS_SHUTDOWN_S if ctx is not None else None)
+        socks = self._listener.sockets
+        if socks:  # the port bound (PORT 0: any free one)
+            self.port = int(socks[0].getsockname()[1])
+
+    def _install_limits(self, server: Any) -> None:
+        """Hook aiohttp's ``Server.connection_made``/``connection_lost`` (called by each connection's
+        protocol once its TLS handshake is done) to the connection table: admit, shed, refuse."""
+        made, lost = server.connection_made, server.connection_lost
+        table = self._conns
+
+        def connection_made(handler: Any, transport: Any) -> None:
+            made(handler, transport)
+            peer = transport.get_extra_info("peername")
+            adm = table.open(handler, str(peer[0]) if isinstance(peer, tuple) and peer else "?", time.monotonic())
+            for victim in adm.close:
+                self.counters["connections shed"] += 1
+                _abort(victim)
+            if not adm.admit:
+                self.counters["connections refused"] += 1
+                log.debug("HTTP connection refused: %s", adm.reason)
+                transport.abort()
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            table.closed(handler)
+            lost(handler, exc)
+
+        server.connection_made = connection_made
+        server.connection_lost = connection_lost
 
     def stop(self) -> None:
         loop, self._loop = self._loop, None
@@ -270,7 +323,7 @@ class HttpApi:
             return
         if self._runner is not None and loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(self.shutdown_timeout_s + 2.0)
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(self.shutdown_timeout_s + 2.0)
             except Exception as exc:  # noqa: BLE001 - stopping: nothing more to do than say so
                 log.warning("HTTP API shutdown: %s", exc)
         if loop.is_running():
@@ -279,10 +332,15 @@ class HttpApi:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._codec_pool.shutdown(wait=False, cancel_futures=True)
 
+    async def _shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.close()  # no new connections; those open are answered and closed by cleanup()
+        await self._runner.cleanup()
+
     # ------------------------------------------------------------ errors and authentication
 
     @staticmethod
-    def _error(status: int, message: str, headers: dict[str, str] | None = None) -> "web.Response":
+    def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
         from aiohttp import web
         return web.Response(status=status, body=oip.error_body(message), content_type="application/json",
                             headers=headers)
@@ -293,6 +351,8 @@ class HttpApi:
 
         @web.middleware
         async def errors(request: web.Request, handler: Callable[..., Awaitable[Any]]) -> Any:
+            conn = request.protocol
+            self._conns.busy(conn)   # a connection with a request in progress is never shed
             try:
                 return await handler(request)
             except oip.ProtocolError as exc:
@@ -300,7 +360,10 @@ class HttpApi:
                 headers = {"Retry-After": "1"} if exc.status == 503 else None
                 if exc.status >= 500:
                     log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
-                return self._error(exc.status, exc.message, headers)
+                resp = self._error(exc.status, exc.message, headers)
+                if exc.status in (408, 413, 415):  # the rest of the body is not wanted: close after it
+                    resp.force_close()
+                return resp
             except TrustError as exc:
                 self.counters[str(exc.status)] += 1
                 headers = {"WWW-Authenticate": 'Bearer realm="fogline"'} if exc.status == 401 else None
@@ -314,13 +377,37 @@ class HttpApi:
             except TimeoutError as exc:  # the owner thread did not answer a snapshot in time
                 self.counters["503"] += 1
                 return self._error(503, f"fog broker busy: {exc}", {"Retry-After": "1"})
-            except Exception:  # noqa: BLE001 - a bug of ours must not take the server down
+            except Exception:
                 self.counters["500"] += 1
                 log.exception("HTTP %s %s failed", request.method, request.path)
                 return self._error(500, "internal error in the fog broker's HTTP API (logged)")
+            finally:
+                self._conns.idle(conn, time.monotonic())
         return errors
 
-    def principal(self, request: "web.Request", right: str = "infer") -> Principal:
+    async def _body(self, request: web.Request) -> bytes:
+        """The request body, inflated per its Content-Encoding: at most ``max_body`` bytes on the wire and
+        once inflated (413), all of it within ``body_timeout_s`` (408); inflating runs off this loop."""
+        from aiohttp import web
+        enc = request.headers.get("Content-Encoding", "identity")
+        if enc.strip().lower() not in oip.ENCODINGS:
+            raise oip.ProtocolError(415, f"Content-Encoding {enc[:40]!r} is not supported: send gzip, deflate "
+                                         "or an uncompressed body")
+        if request.content_length is not None and request.content_length > self.max_body:
+            raise oip.ProtocolError(413, f"request body larger than {self.max_body} bytes")
+        budget = self.limits.body_timeout_s
+        try:
+            raw = await asyncio.wait_for(request.read(), budget)
+        except TimeoutError:
+            raise oip.ProtocolError(408, f"the request body did not arrive within {budget:g} s") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise oip.ProtocolError(413, f"request body larger than {self.max_body} bytes") from None
+        if enc.strip().lower() in ("", "identity"):
+            return raw
+        return await asyncio.get_running_loop().run_in_executor(self._codec_pool, oip.inflate, raw, enc,
+                                                                self.max_body)
+
+    def principal(self, request: web.Request, right: str = "infer") -> Principal:
         """Who is calling, holding ``right``: a bearer token, else a client certificate; ``TrustError``
         otherwise (401 no or bad credentials, 403 revoked or without the right), which the server
         answers as ``{"error": ...}``. For handlers added with ``extend`` too."""
@@ -362,7 +449,7 @@ class HttpApi:
         if asked >= self._snap_at:  # never replace a newer snapshot by an older one that finished later
             self._workloads, self._fog_ready, self._snap_at = snap, ready, asked
 
-    def _start_refresh(self) -> "asyncio.Task[None]":
+    def _start_refresh(self) -> asyncio.Task[None]:
         self._refresh_asked = time.monotonic()
         self._refreshing = task = asyncio.ensure_future(self._refresh(self._refresh_asked))
         task.add_done_callback(_log_failure)
@@ -420,11 +507,11 @@ class HttpApi:
 
     # ------------------------------------------------------------ handlers
 
-    async def _live(self, request: "web.Request") -> "web.Response":
+    async def _live(self, request: web.Request) -> web.Response:
         from aiohttp import web
         return web.Response(status=200)
 
-    async def _ready(self, request: "web.Request") -> "web.Response":
+    async def _ready(self, request: web.Request) -> web.Response:
         from aiohttp import web
         await self._fresh(self.refresh_s)  # no credentials needed: probes get a snapshot <= refresh_s old
         waiting = sum(1 for w in self._workloads.values() if not w.ready)
@@ -434,20 +521,20 @@ class HttpApi:
             return self._error(400, f"{waiting} of {len(self._workloads)} models are not ready")
         return web.Response(status=200)
 
-    async def _server_metadata(self, request: "web.Request") -> "web.Response":
+    async def _server_metadata(self, request: web.Request) -> web.Response:
         from aiohttp import web
         self.principal(request)
         cfg = self.svc.config
         return web.json_response({"name": "fogline", "version": self._version, "extensions": list(oip.EXTENSIONS),
                                   "fog_id": cfg.fog_id, "site": cfg.site})
 
-    async def _model_metadata(self, request: "web.Request") -> "web.Response":
+    async def _model_metadata(self, request: web.Request) -> web.Response:
         from aiohttp import web
         self.principal(request)
         w = await self._workload(request.match_info["name"], request.match_info.get("version"))
         return web.json_response((await self._spec(w)).metadata())
 
-    async def _model_ready(self, request: "web.Request") -> "web.Response":
+    async def _model_ready(self, request: web.Request) -> web.Response:
         from aiohttp import web
         self.principal(request)
         w = await self._ready_workload(
@@ -456,7 +543,7 @@ class HttpApi:
             return self._error(400, f"model {w.name!r} is not ready: {w.why_not_ready()}")
         return web.Response(status=200)
 
-    async def _index(self, request: "web.Request") -> "web.Response":
+    async def _index(self, request: web.Request) -> web.Response:
         from aiohttp import web
         self.principal(request)
         await self._fresh()
@@ -465,13 +552,13 @@ class HttpApi:
                                                                                  key=lambda x: x.name)]
         return web.json_response(rows)
 
-    async def _infer(self, request: "web.Request") -> "web.Response":
+    async def _infer(self, request: web.Request) -> web.Response:
         from aiohttp import web
         self.principal(request)
         name = request.match_info["name"]
         w = await self._workload(name, request.match_info.get("version"))
         spec = await self._spec(w)
-        body = await request.read()
+        body = await self._body(request)
         hl = request.headers.get("Inference-Header-Content-Length")
         try:
             header_length = int(hl) if hl is not None else None
@@ -487,6 +574,7 @@ class HttpApi:
         if not w.ready:
             raise oip.ProtocolError(503, f"model {name!r} is not ready: {w.why_not_ready()}")
         timeout = req.timeout_s or self.default_timeout_s
+        began = time.monotonic()
         try:
             res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(name, req.inputs, timeout)),
                                          timeout + 5.0)
@@ -494,7 +582,7 @@ class HttpApi:
             raise oip.ProtocolError(504, f"no answer from the fog broker's router within {timeout + 5.0:g} s") \
                 from None
         if not res.ok:
-            raise _result_error(name, res)
+            raise _result_error(name, res, time.monotonic() - began >= timeout)
         self.counters["200"] += 1
         order = [t.name for t in spec.outputs]
         if sum(np_nbytes(a) for a in res.tensors.values()) > _INLINE_BYTES:
@@ -509,11 +597,18 @@ class HttpApi:
                             headers={"Inference-Header-Content-Length": str(hlen)})
 
 
+def _abort(handler: Any) -> None:
+    """Close a connection at once (no TLS goodbye a slow peer could stall)."""
+    t = getattr(handler, "transport", None)
+    if t is not None:
+        t.abort()
+
+
 def np_nbytes(a: Any) -> int:
     return int(getattr(a, "nbytes", 0))
 
 
-def _log_failure(task: "asyncio.Task[None]") -> None:
+def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("workload snapshot failed: %s", task.exception())
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +87,8 @@ def parse_inputs(filename: str, data: bytes, *, input_name: str | None = None,
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InputError(f"{filename}: not valid JSON ({_first_line(exc)})") from None
+        except RecursionError:
+            raise InputError(f"{filename}: not valid JSON (nested too deeply)") from None
         if not isinstance(doc, dict) or "inputs" not in doc:
             raise InputError(f"{filename}: JSON inputs must be {{\"inputs\": [{{\"name\", \"shape\", "
                              "\"datatype\", \"data\"}, ...]} (the Open Inference Protocol's tensors)")

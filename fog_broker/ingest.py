@@ -7,6 +7,14 @@ envelopes in its worker process (Ed25519 is the bulk of ingest) or in the
 thread. Only enrolled, approved devices are verified at all: anything from
 an unknown sender is counted and dropped, creating no record and sending
 nothing back (a flood of strangers costs a dictionary lookup each).
+
+Fair share: before a message is queued (so before any decode or signature
+check) its sender's budget for its kind is taken (``DEVICE_SHARE``); over it,
+the message is dropped and counted (``limited:KIND``), and a sender that keeps
+flooding is quarantined for a while (``limited:quarantined``; the reason in
+``fogline status``). Within budget, births, deaths, acks and the states a device
+needs to stay alive go in each shard's live lane, which is always drained
+before the bulk lane (a device's states beyond its liveness share).
 """
 from __future__ import annotations
 
@@ -14,33 +22,103 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from runtime import codec
 from runtime.errors import DecodeError, RemoteViolation, SecurityError
-from runtime.messages import CommandAck, DeviceBirth, DeviceDeath, DeviceState, Envelope
+from runtime.messages import (
+    CommandAck,
+    DeviceBirth,
+    DeviceDeath,
+    DeviceState,
+    Envelope,
+    parse_out_of_range,
+)
 from runtime.mqtt import Inbound
-from runtime.security import NO_SESSION, OUTSIDE_WINDOW, SessionKeyPair, TrustStore, Verifier
+from runtime.security import (
+    MALFORMED,
+    NO_SESSION,
+    OUTSIDE_WINDOW,
+    SessionKeyPair,
+    TrustStore,
+    Verifier,
+)
 from runtime.topics import ACK, BIRTH, DEATH, STATE, parse
 
 from ._verify_pool import looks_mac, open_session
+from .ratelimit import LIVE, OVER, QUARANTINED, Budget, FairShare, SharePolicy
 from .trust import bound_birth
 
-__all__ = ["Ingest", "STOP"]
+__all__ = ["DEVICE_SHARE", "STOP", "Ingest"]
 
 log = logging.getLogger("fog_broker.ingest")
 
 STOP = object()
 Out = list[tuple[Any, ...]]
 
+# Per device: an agent sends a state per interval (>= 0.5 s) or on a significant change, a birth
+# per connection or rebirth request, one death, an ack per command. The budgets are several times
+# that; the live share (4 states/s, bursts of 10) covers every honest device.
+DEVICE_SHARE = SharePolicy(
+    limits={BIRTH: Budget(2.0, 10.0), DEATH: Budget(2.0, 10.0), STATE: Budget(20.0, 50.0),
+            ACK: Budget(100.0, 500.0)},
+    live={STATE: Budget(4.0, 10.0)},
+    quarantine_drops=500, window_s=10.0, quarantine_s=60.0)
+_BULK_POLL_S = 0.05  # an idle shard looks at its bulk lane this often
+
+
+class _Lanes:
+    """A shard's intake: two bounded FIFO lanes; ``take`` drains the live lane before the bulk one.
+
+    One taker. The live lane is a ``queue.SimpleQueue`` (C: the common case costs the MQTT worker
+    next to nothing) and the taker sleeps on it; bulk items wait at most ``_BULK_POLL_S`` more.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._live: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._bulk: deque[Any] = deque()
+
+    def put(self, item: Any, live: bool = True, force: bool = False) -> bool:
+        """Queue ``item``; False (not queued) when its lane is full, unless ``force``."""
+        if live:
+            if self._live.qsize() >= self.maxsize and not force:
+                return False
+            self._live.put(item)
+            return True
+        if len(self._bulk) >= self.maxsize and not force:
+            return False
+        self._bulk.append(item)
+        return True
+
+    def __len__(self) -> int:
+        return self._live.qsize() + len(self._bulk)
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` items (at least one), live ones first; blocks until there is one."""
+        live, bulk = self._live, self._bulk
+        out: list[Any] = []
+        while not out:
+            if not bulk:
+                try:
+                    out.append(live.get(timeout=_BULK_POLL_S))
+                except queue.Empty:
+                    continue
+            while len(out) < n and not live.empty():  # the one taker: not empty -> get_nowait succeeds
+                out.append(live.get_nowait())
+            while len(out) < n and bulk:
+                out.append(bulk.popleft())
+        return out
+
 
 @dataclass
 class _Shard:
-    """One verify shard: its queue, its verifier (threads) or worker process, its own counters."""
+    """One verify shard: its lanes, its verifier (threads) or worker process, its own counters."""
 
-    queue: "queue.Queue[Any]"
+    lanes: _Lanes
     verifier: Verifier
     worker: Any = None
     counters: Counter[str] = field(default_factory=Counter)
@@ -52,13 +130,15 @@ class Ingest:
     """The verify shards; ``on_device`` is the MQTT handler, ``emit`` receives verified batches."""
 
     def __init__(self, trust: TrustStore, session: SessionKeyPair, emit: Callable[[Any], None], *,
-                 shards: int = 2, processes: bool = False, max_advert_bytes: int = 64 * 1024) -> None:
+                 shards: int = 2, processes: bool = False, max_advert_bytes: int = 64 * 1024,
+                 share: SharePolicy | None = DEVICE_SHARE) -> None:
         self.trust = trust
         self.session = session
         self.emit = emit
         self.max_advert_bytes = max_advert_bytes
         self.counters: Counter[str] = Counter()  # MQTT worker thread only
-        self._shards = [_Shard(queue.Queue(maxsize=100_000),
+        self.share = FairShare(share) if share is not None else None  # None: no limits (benchmarks)
+        self._shards = [_Shard(_Lanes(100_000),
                                Verifier(trust, sessions=True, max_size=max_advert_bytes))
                         for _ in range(max(1, shards))]
         if processes:
@@ -72,17 +152,19 @@ class Ingest:
 
     def stop(self) -> None:
         for shard in self._shards:
-            shard.queue.put(STOP)
+            shard.lanes.put(STOP, force=True)
 
     def forget(self, device_id: str) -> None:
         """A revoked device: drop its session and replay window (its key is gone from ``trust``)."""
         for sh in self._shards:
-            sh.queue.put(("forget", device_id))
+            sh.lanes.put(("forget", device_id), force=True)
+        if self.share is not None:
+            self.share.forget(device_id)  # one atomic dict pop; admit runs on the MQTT worker
 
     # ------------------------------------------------------------ MQTT worker thread
 
     def on_device(self, m: Inbound) -> None:
-        """Route a device message to its shard; strangers and oversized frames stop here."""
+        """Route a device message to its shard; strangers, oversized frames and floods stop here."""
         try:
             pt = parse(m.topic)
         except RemoteViolation:
@@ -94,23 +176,19 @@ class Ingest:
         if pt.name not in self.trust:
             self.counters["rejected:unknown sender"] += 1
             return
+        lane = LIVE if self.share is None else self.share.admit(pt.name, pt.leaf, m.received_at)
+        if lane in (OVER, QUARANTINED):
+            self.counters[f"limited:{pt.leaf}" if lane == OVER else "limited:quarantined"] += 1
+            return
         shard = self._shards[hash(pt.name) % len(self._shards)]
-        try:
-            shard.queue.put_nowait((m, pt))
-        except queue.Full:
+        if not shard.lanes.put((m, pt), lane == LIVE):
             self.counters["verify_overflow"] += 1
 
     # ------------------------------------------------------------ shard threads
 
     def _loop(self, shard: _Shard) -> None:
         while True:
-            item = shard.queue.get()
-            batch = [item]
-            while len(batch) < 512:
-                try:
-                    batch.append(shard.queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = shard.lanes.take(512)
             stop = STOP in batch
             work = []
             for it in batch:
@@ -129,7 +207,7 @@ class Ingest:
                 else:
                     for m, pt in work:
                         self._local(shard, m, pt, out)
-            except Exception:  # noqa: BLE001 - never lose the shard to one batch; logged loudly
+            except Exception:
                 shard.counters["internal_errors"] += 1
                 log.exception("ingest failed for a batch of %d", len(work))
             if out:
@@ -172,7 +250,7 @@ class Ingest:
             if flags:
                 shard.counters["flagged:capacity"] += 1
                 log.warning("%s: birth claims out of bounds (%s); clamped", pt.name, ", ".join(flags))
-                out.append(("flags", pt.name, flags))
+            out.append(("flags", pt.name, flags))  # every birth: a clean one clears earlier flags
         elif not ((pt.leaf == STATE and isinstance(msg, DeviceState))
                   or (pt.leaf == ACK and isinstance(msg, CommandAck))):
             shard.counters["rejected:wrong kind"] += 1
@@ -181,6 +259,16 @@ class Ingest:
         out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
 
     def _rejected(self, shard: _Shard, m: Inbound, pt: Any, reason: str, detail: str, out: Out) -> None:
+        bad = parse_out_of_range(detail) if reason == MALFORMED and "payload:" in detail else None
+        if bad is not None and pt.leaf in (BIRTH, STATE):
+            # Signed by the device itself (only a payload is decoded after its signature): its own
+            # advert carries a figure outside runtime.messages' ranges. The device is shown as
+            # rejected with the field and value and holds nothing until a clean birth.
+            shard.counters["rejected:out of range"] += 1
+            kind, fname, value = bad
+            log.warning("%s: %s refused, %s=%s out of range", pt.name, kind, fname, value)
+            out.append(("bad_advert", pt.name, f"{kind}.{fname}={value}", m.received_at))
+            return
         shard.counters[f"rejected:{reason}"] += 1
         log.debug("rejected %s: %s", m.topic, detail)
         if reason == NO_SESSION and pt.leaf != BIRTH or reason == OUTSIDE_WINDOW:
@@ -271,6 +359,13 @@ class Ingest:
         for c in [self.counters] + [sh.counters for sh in self._shards]:
             total.update({k[len("rejected:"):]: v for k, v in c.items() if k.startswith("rejected:")})
         return total
+
+    def limits(self, now: float) -> dict[str, Any]:
+        """Senders quarantined (and why) and the top senders by drops, for ``fogline status``."""
+        return self.share.view(now) if self.share is not None else {}
+
+    def shut_out(self, now: float) -> frozenset[str]:
+        return self.share.shut_out(now) if self.share is not None else frozenset()
 
     def counts(self) -> Counter[str]:
         """Per-shard counters summed (each shard counts alone: no lost updates between threads)."""

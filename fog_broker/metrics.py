@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .http_api import HttpApi
-    from .service import FogService
+    from .shell import FogShell as FogService
 
 __all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "exposition", "families", "register_http", "render", "scrape_families", "snapshot"]
 
@@ -77,6 +77,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "advert_rejections": ("counter", ("reason",), "Device messages refused at ingest, by reason"),
     "adverts_flagged": ("counter", (), "Births with implausible capacity, clamped"),
     "dropped": ("counter", ("queue",), "Messages dropped because a queue was full: verify, inbox"),
+    "adverts_limited": ("counter", ("kind",), ("Device messages dropped before any check: over their sender's "
+                                               "budget (by kind), or from a quarantined sender (quarantined)")),
+    "control_limited": ("counter", ("reason",), ("fog/CTL requests dropped before any check: over their signer's "
+                                                 "budget, or from a quarantined signer")),
+    "sender_drops": ("counter", ("source", "identity"), ("Messages dropped over budget or in quarantine, by "
+                                                         "sender (the 20 senders with the most drops; source: "
+                                                         "devices or control)")),
+    "quarantined": ("gauge", ("source", "identity"), ("1 for each sender quarantined for flooding now (the "
+                                                      "reason is in `fogline status`)")),
     "rebirths": ("counter", ("outcome",), "Rebirth requests to devices: asked, limited (rate limit)"),
     "device_losses": ("counter", (), "Devices declared lost (death, missed states, revocation)"),
     "devices_revoked": ("counter", (), "Devices cut off by a revocation or a re-key in trust.db (this run)"),
@@ -229,6 +238,12 @@ def families(snap: Mapping[str, Any]) -> list[Metric]:
     f.add("inference_in_flight", int(snap.get("in_flight", 0)))
 
     _counters(f, snap)
+    for source, lim in sorted((st.get("limits") or {}).items()):  # fair share (ratelimit.FairShare.view)
+        for who, n in sorted((lim.get("dropped") or {}).items()):
+            f.add("sender_drops", int(n), str(source), str(who))
+        for who in sorted(lim.get("quarantined") or {}):
+            f.add("quarantined", 1, str(source), str(who))
+    f.get("quarantined")
 
     rec = [float(x) for x in snap.get("recoveries_s", ())]
     f.get("recovery_seconds").add_metric([], _histogram(RECOVERY_BUCKETS_S, bucket_counts(rec, RECOVERY_BUCKETS_S)),
@@ -246,6 +261,7 @@ _ROUTES: tuple[tuple[str, str, str, str | None], ...] = (
     ("ingest", "rejected:", "advert_rejections", "reason"),
     ("ingest", "flagged:capacity", "adverts_flagged", None),
     ("ingest", "verify_overflow", "dropped", "verify"),
+    ("ingest", "limited:", "adverts_limited", "kind"),
     ("ingest", "internal_errors", "errors", "ingest"),
     ("service", "inbox_overflow", "dropped", "inbox"),
     ("service", "rebirths_asked", "rebirths", "asked"),
@@ -271,6 +287,7 @@ _ROUTES: tuple[tuple[str, str, str, str | None], ...] = (
     ("control", "ok:", "control_requests", "action"),
     ("control", "rejected:", "control_refusals", "reason"),
     ("control", "refused", "control_refusals", "refused"),   # signed and fresh, but not allowed or not valid
+    ("control", "limited:", "control_limited", "reason"),
     ("controller", "deploys", "", None),     # the commands behind deploys_sent / undeploys_sent
     ("controller", "undeploys", "", None),
     ("controller", "", "controller_events", "event"),
@@ -296,6 +313,8 @@ def _sources(snap: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 _SEEDED: dict[str, tuple[str, ...]] = {
     "adverts_accepted": ADVERT_KINDS,
     "dropped": ("verify", "inbox"),
+    "adverts_limited": (*ADVERT_KINDS, "quarantined"),
+    "control_limited": ("over budget", "quarantined"),
     "rebirths": ("asked", "limited"),
     "inference_requests": ("answered", "failed", "refused"),
     "inference_results_dropped": ("late", "wrong sender"),

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from runtime.errors import RemoteViolation
 __all__ = [
     "DATATYPES", "EXTENSIONS", "ProtocolError", "TensorSpec", "ModelSpec", "OutputRequest", "InferRequest",
     "datatype_of", "parse_infer", "parse_tensors", "check_inputs", "encode_response", "error_body",
-    "MAX_ELEMENTS",
+    "MAX_ELEMENTS", "ENCODINGS", "inflate",
 ]
 
 # KServe datatype -> numpy dtype (little-endian, as the binary extension sends them).
@@ -68,6 +70,52 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": " ".join(str(message).split())}).encode()
 
 
+# ------------------------------------------------------------------ request bodies
+
+ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")
+_INFLATE_STEP = 1 << 20
+
+
+def inflate(data: bytes, encoding: str, limit: int) -> bytes:
+    """A request body under its ``Content-Encoding``, inflated a step at a time and never past ``limit``
+    bytes (``ProtocolError(413)`` when it would be more: a bomb costs at most ``limit``); a body that
+    is not what it says it is: ``ProtocolError(400)``. ``deflate`` is zlib-wrapped or raw, as sent."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        if len(data) > limit:
+            raise ProtocolError(413, f"request body larger than {limit} bytes")
+        return data
+    if enc not in ENCODINGS:
+        raise ProtocolError(415, f"Content-Encoding {encoding[:40]!r} is not supported: send gzip, deflate "
+                                 "or an uncompressed body")
+    if enc == "deflate":
+        wbits = zlib.MAX_WBITS if data[:1] and data[0] & 0x0F == 8 else -zlib.MAX_WBITS
+    else:
+        wbits = 16 + zlib.MAX_WBITS
+    out = bytearray()
+    rest = data
+    try:
+        while rest:
+            d = zlib.decompressobj(wbits)
+            while not d.eof:
+                chunk = d.decompress(rest, min(_INFLATE_STEP, limit + 1 - len(out)))
+                out += chunk
+                if len(out) > limit:
+                    raise ProtocolError(413, f"request body larger than {limit} bytes once inflated "
+                                             f"(Content-Encoding: {enc})")
+                if not chunk and len(d.unconsumed_tail) == len(rest):
+                    break  # no progress: the input ran out before the stream's end
+                rest = d.unconsumed_tail
+            if not d.eof:
+                raise ProtocolError(400, f"the body ends inside its {enc} stream (truncated)")
+            rest = d.unused_data
+            if wbits != 16 + zlib.MAX_WBITS and rest:  # only gzip has members one after another
+                raise ProtocolError(400, f"{len(rest)} bytes follow the end of the {enc} stream")
+    except zlib.error as exc:
+        raise ProtocolError(400, f"the body is not valid {enc} data (Content-Encoding: {enc}): {exc}") from None
+    return bytes(out)
+
+
 # ------------------------------------------------------------------ model metadata
 
 
@@ -98,7 +146,7 @@ class ModelSpec:
 
     @classmethod
     def from_io(cls, name: str, version: str, io: Mapping[str, Any],
-                input_shapes: Mapping[str, Sequence[int]] | None = None) -> "ModelSpec":
+                input_shapes: Mapping[str, Sequence[int]] | None = None) -> ModelSpec:
         """From ``ArtifactBuilder.io_spec`` rows (numpy dtype names); a workload's ``input_shapes``
         (the shapes its partitions were built for) replace the graph's shapes of those inputs."""
         fixed = dict(input_shapes or {})
@@ -275,6 +323,8 @@ def parse_infer(body: bytes, header_length: int | None = None) -> InferRequest:
         doc = json.loads(bytes(memoryview(body)[:header_length]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(400, f"the request is not valid JSON ({str(exc).splitlines()[0][:100]})") from None
+    except RecursionError:  # the C scanner's depth guard: JSON nested thousands deep
+        raise ProtocolError(400, "the request is not valid JSON (nested too deeply)") from None
     doc = _obj(doc, "the inference request")
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from runtime.errors import SecurityError
 from runtime.files import atomic_write

@@ -11,8 +11,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Sequence, Union
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Union
 
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
@@ -99,6 +100,12 @@ class Router:
         self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
         self.latency_by_workload: dict[str, deque[float]] = {}
         self.latency_histograms: dict[str, LatencyHistogram] = {}  # workload -> all its answered requests
+        # (workload, version, replica) -> each partition's output wire (``runtime.activations``),
+        # set once the fog chose them; routes of chains not here carry float32.
+        self.wires: dict[tuple[str, int, int], tuple[str, ...]] = {}
+        self.wire_reports: dict[tuple[str, int, int], dict[str, object]] = {}
+        self._answered_at: dict[str, deque[float]] = {}  # workload -> last answers (monotonic)
+        self._wall_offset = 0.0  # wall - monotonic, as of the last call that knew the wall clock
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -146,6 +153,8 @@ class Router:
             self.latencies.append(now - p.received_at)
             self.latency_by_workload.setdefault(p.request.workload, deque(maxlen=500)).append(now - p.received_at)
             self._observe(p.request.workload, now - p.received_at)
+            if len(self._answered_at) < MAX_HISTOGRAMS or p.request.workload in self._answered_at:
+                self._answered_at.setdefault(p.request.workload, deque(maxlen=256)).append(now)
             return [ReplyClient(p.request.reply_to, InferenceResult(
                 p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0],
                 now - p.received_at))]
@@ -181,6 +190,28 @@ class Router:
         xs = sorted(self.latency_by_workload.get(workload, ()))
         return xs[len(xs) // 2] if xs else None
 
+    def measured_fps(self, workload: str, now: float, window_s: float = 10.0) -> float | None:
+        """Answers per second of the workload over its last answers within ``window_s`` of now."""
+        ts = [t for t in self._answered_at.get(workload, ()) if now - t <= window_s]
+        if len(ts) < 2 or ts[-1] <= ts[0]:
+            return None
+        return (len(ts) - 1) / (ts[-1] - ts[0])
+
+    def set_wires(self, key: tuple[str, int, int], wires: tuple[str, ...],
+                  report: dict[str, object]) -> None:
+        """Route chain ``key`` = (workload, version, replica) with these per-partition wires."""
+        self.wires[key] = wires
+        self.wire_reports[key] = report
+        if len(self.wires) > 4 * MAX_HISTOGRAMS:  # bounded: drop the oldest chain's entry
+            old = next(iter(self.wires))
+            self.wires.pop(old, None)
+            self.wire_reports.pop(old, None)
+
+    def workload_of(self, attempt_id: str) -> str:
+        """The workload a pending attempt belongs to ('' when it is not pending any more)."""
+        p = self._pending.get(attempt_id)
+        return p.request.workload if p is not None else ""
+
     def workloads_in_flight(self) -> set[str]:
         return {p.request.workload for p in self._pending.values()}
 
@@ -208,6 +239,12 @@ class Router:
         return [self._error(p.request, "; ".join(p.errors), "timeout" if timed_out else "failed")]
 
     def _send(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
+        # A caller without the wall clock (wall 0: a loss heard in an advert) must still issue a
+        # ticket deadline the devices accept: take it from the last call that knew it.
+        if wall > 0:
+            self._wall_offset = wall - now
+        else:
+            wall = now + self._wall_offset
         chain = chains[0]
         p.chain = chain
         p.attempt += 1
@@ -220,7 +257,12 @@ class Router:
         aid = f"{p.request.request_id}#{p.attempt}"
         self._pending[aid] = p
         self._by_request[p.request.request_id] = aid
-        act = Activation(aid, p.request.workload, chain[1], 0, self.reply_topic,
+        route = chain[1]
+        wires = self.wires.get((p.request.workload, route[0].version, chain[0])) if route else None
+        if wires:
+            route = tuple(replace(h, wire=wires[h.index]) if h.index < len(wires) else h
+                          for h in route)
+        act = Activation(aid, p.request.workload, route, 0, self.reply_topic,
                          dict(p.request.tensors), wall + remaining)
         return [SendActivation(chain[1][0].device_id, act)]
 

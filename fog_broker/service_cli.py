@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,46 +24,65 @@ log = logging.getLogger("fog_broker")
 DEFAULT_SITE = "default"
 
 
+def _coordinator_key(text: str) -> str:
+    """``NAME=HEX``: a coordinator's Ed25519 public key (64 hex characters) given out of band."""
+    name, sep, hexkey = text.partition("=")
+    try:
+        ok = bool(sep and name) and len(bytes.fromhex(hexkey)) == 32
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected NAME=HEX (64 hex characters), got {text!r}")
+    return text
+
+
+_coordinator_key.kind = "name"  # type: ignore[attr-defined]  # for tests/runtime/test_cli_bad_input.py
+
+
 def register_service(sub: Any) -> None:
+    from runtime import cliargs as ca
+
     p = sub.add_parser("broker", help="run a fog broker (owns the site's MQTT broker)",
                        description="Run the live fog broker: fleet registry, deployment controller, inference "
                                    "router. Secure by default: on first start it makes the site CA, the broker "
                                    "and fog certificates and the first operator's credentials "
                                    "(DATA_DIR/credentials/admin), and runs mosquitto with TLS, client "
                                    "certificates and a per-identity ACL (docs/security.md).")
-    p.add_argument("--port", type=int, default=None, help="MQTT port of the site broker (8883; 1883 with --insecure)")
+    p.add_argument("--port", type=ca.port, default=None,
+                   help="MQTT port of the site broker (8883; 1883 with --insecure)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address mosquitto and the enrolment service listen on (127.0.0.1; 0.0.0.0 for a LAN)")
-    p.add_argument("--data-dir", type=Path, required=True, help="keys, PKI, trust.db, SQLite desired state, models")
+    p.add_argument("--data-dir", type=ca.writable_dir, required=True,
+                   help="keys, PKI, trust.db, SQLite desired state, models")
     p.add_argument("--site", default=None, help=f"site name (first start: {DEFAULT_SITE}; then the stored one)")
     p.add_argument("--fog-id", default="", help="fog broker id (default fog-SITE)")
-    p.add_argument("--mqtt", metavar="HOST:PORT",
+    p.add_argument("--mqtt", metavar="HOST:PORT", type=ca.hostport,
                    help="use this already running MQTT broker instead of starting mosquitto (configure it with "
                         "DATA_DIR/pki/broker/* and DATA_DIR/mqtt/acl; reload it when they change)")
-    p.add_argument("--enroll-port", type=int, default=None, metavar="P",
+    p.add_argument("--enroll-port", type=ca.port, default=None, metavar="P",
                    help="HTTPS enrolment service port (default: MQTT port + 1)")
     p.add_argument("--san", action="append", default=[], metavar="NAME|IP",
                    help="another name or address agents dial the broker by (repeatable; the host name, its "
                         "addresses, localhost and the fog id are always in the certificate)")
-    p.add_argument("--coordinator-key", action="append", default=[], metavar="NAME=HEX",
+    p.add_argument("--coordinator-key", action="append", type=_coordinator_key, default=[], metavar="NAME=HEX",
                    help="pin a coordinator's release-signing key given out of band (repeatable)")
     p.add_argument("--insecure", action="store_true",
                    help="plain MQTT, no TLS and no ACL, loopback only, with a loud warning (tests and demos); "
                         "devices must still be added by key (fogline devices add)")
-    p.add_argument("--max-message-mb", type=float, default=24.0, metavar="MB",
+    p.add_argument("--max-message-mb", type=ca.float_range(0, 256, lo_open=True), default=24.0, metavar="MB",
                    help="the broker's message size limit (24 MiB: a deploy carrying an uploaded model)")
-    p.add_argument("--state-interval", type=float, default=10.0, metavar="S",
+    p.add_argument("--state-interval", type=ca.float_range(0, 3600, lo_open=True), default=10.0, metavar="S",
                    help="devices' state interval assumed until their birth says (10 s)")
-    p.add_argument("--startup-wait", type=float, default=None, metavar="S",
+    p.add_argument("--startup-wait", type=ca.nonneg_float, default=None, metavar="S",
                    help="after a restart, wait at most this long for devices before re-placing "
                         "(default: one state interval)")
-    p.add_argument("--summary-interval", type=float, default=3.0, metavar="S")
-    p.add_argument("--verify-workers", type=int, default=2, metavar="N",
+    p.add_argument("--summary-interval", type=ca.float_range(0, 3600, lo_open=True), default=3.0, metavar="S")
+    p.add_argument("--verify-workers", type=ca.int_range(1, 64), default=2, metavar="N",
                    help="advert verification shards (2); each a worker process unless --verify-threads")
     p.add_argument("--verify-threads", action="store_true",
                    help="verify in threads of this process instead of worker processes")
     p.add_argument("--no-zeroconf", action="store_true", help="do not advertise with mDNS")
-    p.add_argument("--http", type=int, default=None, metavar="PORT",
+    p.add_argument("--http", type=ca.port_or_zero, default=None, metavar="PORT",
                    help="also serve the Open Inference Protocol (KServe v2 REST; docs/http.md) on PORT of --host "
                         "(0: any free port): HTTPS with the site CA, callers authenticated by a client "
                         "certificate or an API token (fogline api-token); plain HTTP with --insecure, loopback "
@@ -72,16 +92,19 @@ def register_service(sub: Any) -> None:
     s = sub.add_parser("status", help="describe a fog broker: devices, workloads, placements, reasons")
     _client_args(s)
     s.add_argument("--json", action="store_true")
-    s.add_argument("--offset", type=int, default=0, help="first device to list (devices are paged)")
-    s.add_argument("--limit", type=int, default=None, help="devices per page (1000)")
-    s.add_argument("--coordinator", type=Path, default=None, metavar="CKPT",
+    s.add_argument("--offset", type=ca.nonneg_int, default=0, help="first device to list (devices are paged)")
+    s.add_argument("--limit", type=ca.nonneg_int, default=None, help="devices per page (1000)")
+    s.add_argument("--coordinator", type=ca.existing_dir, default=None, metavar="CKPT",
                    help="every site of the coordinator whose checkpoint dir is CKPT (= fogline sites status)")
     s.set_defaults(func=_cmd_status)
 
-    d = sub.add_parser("deploy", help="submit workloads (JSON as in COST_MODEL.md) to a fog broker")
-    d.add_argument("workload", metavar="WORKLOAD.json")
+    d = sub.add_parser("deploy", help="submit workloads (JSON, docs/formats.md) to a fog broker",
+                       description="Submit one workload or {\"workloads\": [...]} (docs/formats.md; examples in "
+                                   "examples/workloads/) to a fog broker. 'model' is zoo:NAME, release:NAME or an "
+                                   "ONNX file (relative to the JSON file; uploaded). The file is checked here first.")
+    d.add_argument("workload", metavar="WORKLOAD.json", type=ca.json_file)
     _client_args(d)
-    d.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait until running (seconds)")
+    d.add_argument("--wait", type=ca.nonneg_float, default=0.0, metavar="S", help="wait until running (seconds)")
     d.set_defaults(func=_cmd_deploy)
 
     u = sub.add_parser("undeploy", help="delete a workload from a fog broker")
@@ -91,14 +114,14 @@ def register_service(sub: Any) -> None:
 
     i = sub.add_parser("infer", help="run one inference through a deployed workload")
     i.add_argument("workload")
-    i.add_argument("input", metavar="INPUT",
+    i.add_argument("input", metavar="INPUT", type=ca.existing_file,
                    help="input tensors: .npy, .npz with named tensors, JSON as the Open Inference Protocol's "
                         "{\"inputs\": [{\"name\", \"shape\", \"datatype\", \"data\"}]}, or an image (PNG, "
                         "JPEG, ...; resized to the model's input and scaled to [0, 1]; needs Pillow)")
     _client_args(i)
     i.add_argument("--input-name", default=None, help="input tensor name (default: the model's first input, 'x')")
-    i.add_argument("--timeout", type=float, default=5.0)
-    i.add_argument("--out", metavar="OUT.npz", help="write the outputs here")
+    i.add_argument("--timeout", type=ca.positive_float, default=5.0)
+    i.add_argument("--out", metavar="OUT.npz", type=ca.writable_file, help="write the outputs here")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_infer)
 
@@ -107,7 +130,7 @@ def register_service(sub: Any) -> None:
                                    "(fogline operators add NAME --role app): send it as 'Authorization: Bearer "
                                    "TOKEN' to the fog's Open Inference Protocol endpoint (fogline broker --http). "
                                    "The fog keeps no record of it: revoking the identity revokes its tokens.")
-    t.add_argument("--credentials", default=None, metavar="DIR",
+    t.add_argument("--credentials", default=None, metavar="DIR", type=ca.existing_dir,
                    help="credentials directory (default $FOGLINE_CREDENTIALS, else ~/.fogline/credentials)")
     from .admin_cli import parse_duration
     t.add_argument("--ttl", type=parse_duration, default=3600.0, metavar="DURATION",
@@ -120,9 +143,12 @@ def register_service(sub: Any) -> None:
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--broker", default=None, metavar="HOST:PORT",
-                   help="the site's MQTT broker (default: the address in the credentials' fog.json)")
-    p.add_argument("--credentials", default=None, metavar="DIR",
+    from runtime import cliargs as ca
+
+    p.add_argument("--broker", default=None, metavar="HOST:PORT", type=ca.host_or_hostport,
+                   help="the site's MQTT broker (default: the address in the credentials' fog.json; "
+                        "port 8883, 1883 with --insecure)")
+    p.add_argument("--credentials", default=None, metavar="DIR", type=ca.existing_dir,
                    help="credentials issued by `fogline operators add` (default $FOGLINE_CREDENTIALS, else "
                         "~/.fogline/credentials; the first operator's are FOGDIR/credentials/admin)")
     p.add_argument("--insecure", action="store_true", help="plain MQTT to a loopback broker run with --insecure")
@@ -132,7 +158,7 @@ def _client(args: argparse.Namespace) -> Any:
     from runtime.mqtt import parse_hostport
 
     from .client import FogClient
-    host, port = parse_hostport(args.broker) if args.broker else (None, None)
+    host, port = parse_hostport(args.broker, 1883 if args.insecure else 8883) if args.broker else (None, None)
     return FogClient(host, port, credentials=args.credentials, insecure=args.insecure)
 
 
@@ -160,25 +186,30 @@ def _local_names(fog_id: str, host: str, extra: list[str]) -> tuple[list[str], l
 
 
 def _start_mosquitto(args: argparse.Namespace, data_dir: Path, config: Any) -> Any:
-    """Start mosquitto, or re-attach to the one a crashed run of this fog broker left running."""
-    from runtime.broker import MosquittoBroker, wait_port
+    """Start this fog's mosquitto; it dies with the fog broker (kill -9 included).
+
+    A mosquitto that an older run left behind on our port (``mqtt/owner.json``) is stopped first:
+    it would hold the port, and it still has the old run's ACL and CRL loaded.
+    """
+    from runtime.broker import MosquittoBroker
+    from runtime.files import atomic_write
     owner = data_dir / "mqtt" / "owner.json"
     if owner.exists():
         try:
             info = json.loads(owner.read_text())
             pid, port = int(info["pid"]), int(info["port"])
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"mosquitto" in cmdline and port == config.port and wait_port(config.host, port, 0.5):
-                log.warning("re-attached to mosquitto pid %d left running on port %d", pid, port)
-                b = MosquittoBroker(config, pid=pid)
-                b.write_config()  # files as this run would have them (ACL, CRL, certificates)
-                b.reload()
-                return b
+            if port == config.port and b"mosquitto" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                log.warning("stopping mosquitto pid %d that a previous run left on port %d", pid, port)
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(100):
+                    if not Path(f"/proc/{pid}").exists():
+                        break
+                    time.sleep(0.05)
         except (OSError, ValueError, KeyError):
             pass
     b = MosquittoBroker(config).start()
     assert b.proc is not None
-    owner.write_text(json.dumps({"pid": b.proc.pid, "port": b.port}))
+    atomic_write(owner, json.dumps({"pid": b.proc.pid, "port": b.port}))
     return b
 
 
@@ -195,6 +226,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from .service import FogService, ServiceConfig
     from .site import Site
 
+    os.umask(0o077)  # keys, trust.db(-wal), fog.db, uploaded models, logs: the fog's alone, whatever the caller's
     if args.http is not None:
         from runtime.net import is_loopback
 
@@ -211,6 +243,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
             print(f"error: --insecure --http is refused on {args.host}: plain HTTP only on a loopback address; "
                   "without --insecure the API is served over TLS with the site CA", file=sys.stderr)
             return 2
+    if args.insecure:  # refused before anything is made in the data dir
+        require_loopback(args.host if not args.mqtt else parse_hostport(args.mqtt)[0], "--insecure")
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     stored = json.loads((data_dir / "site.json").read_text()) if (data_dir / "site.json").exists() else {}
@@ -231,8 +265,6 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     mosq = None
     tls = None
     adv = args.host if args.host not in ("0.0.0.0", "::") else socket.gethostname()
-    if args.insecure:
-        require_loopback(args.host if not args.mqtt else parse_hostport(args.mqtt)[0], "--insecure")
     names, ips = _local_names(site.fog_id, args.host, args.san)
     tls_dir = site.broker_tls_dir(names, ips)
     creds_dir = data_dir / "credentials" / "admin"
@@ -266,9 +298,12 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     on_acl = getattr(mosq, "update_acl", None) if not args.insecure else None
     on_crl = getattr(mosq, "update_crl", None) if not args.insecure else None
     if not args.insecure and mosq is None:
-        def on_acl(text: str) -> None:  # noqa: F811 - an external broker: the operator reloads it
+        def on_acl(text: str) -> None:
+            from runtime.broker import check_acl
+            from runtime.files import atomic_write
+            check_acl(text)  # never hand a broker a line it may misread (acl_for never writes one)
             (data_dir / "mqtt").mkdir(exist_ok=True)
-            (data_dir / "mqtt" / "acl").write_text(text)
+            atomic_write(data_dir / "mqtt" / "acl", text, mode=0o644, sync_dir=True)  # an external broker reads it
             log.warning("ACL changed: reload the external MQTT broker (%s)", data_dir / "mqtt" / "acl")
     cfg = ServiceConfig(data_dir=data_dir, site=site.site, fog_id=site.fog_id, mqtt_host=host, mqtt_port=port,
                         tls=tls, state_interval_s=args.state_interval, startup_wait_s=args.startup_wait,
@@ -367,6 +402,10 @@ def render_status(st: dict[str, Any]) -> str:
     if enrol.get("pending"):
         lines.append(f"Enrolment:    pending approval: {', '.join(enrol['pending'])} "
                      "(fogline devices approve ID --data-dir FOGDIR)")
+    for source, lim in sorted((st.get("limits") or {}).items()):  # senders over their budget (fair share)
+        for who, q in (lim.get("quarantined") or {}).items():
+            lines.append(f"Quarantined:  {who} ({source}): {q['reason']}; {q['dropped']} dropped, "
+                         f"{q['remaining_s']:.0f} s left")
     lines.append("")
     total = st.get("devices_total", len(st["devices"]))
     shown = f"{len(st['devices'])} of {total}, from {st.get('devices_offset', 0)}" if total != len(st["devices"]) \
@@ -377,6 +416,10 @@ def render_status(st: dict[str, Any]) -> str:
         batt = "-" if d["battery_level"] is None else f"{d['battery_level']:.0%}" + ("+" if d["charging"] else "")
         notes = [f"clock {d['clock_skew_s']:+.0f} s"] if d.get("clock_skew_s") and abs(d["clock_skew_s"]) > 10 else []
         notes += d.get("flags") or []
+        if d.get("rejected"):  # its last advert failed validation: it holds nothing until a clean birth
+            notes.append(f"rejected: {d['rejected']}")
+        if d.get("set_aside"):
+            notes.append(f"set aside: {d['set_aside']}")
         lines.append(f"  {d['id']:<20} {d['status']:<8} {_fmt_bytes(d['free_memory_bytes']):>10} "
                      f"{_fmt_bytes(d['memory_bytes']):>10} {batt:>8}  {', '.join(d['partitions']) or '-'}"
                      + (f"  [{'; '.join(notes)}]" if notes else ""))
@@ -413,14 +456,28 @@ def render_status(st: dict[str, Any]) -> str:
                 lines.append(f"      {k}: {v}")
         if w.get("evicted"):
             lines.append("    Evicted by preemption at least once")
+    releases = st.get("releases") or {}
+    lines.append("")
+    lines.append(f"Releases ({len(releases)}):")
+    for name, r in sorted(releases.items()):
+        lines.append(f"  {name}  v{r.get('version')}  model={r.get('model')}  signer={r.get('signer')}")
     return "\n".join(lines)
+
+
+#: ``fogline status --coordinator CKPT``: the coordinator's view of every site. The coordinator
+#: sets it when it registers its commands (``cloud_coordinator.sites_cli.register``): the fog
+#: does not import the coordinator.
+coordinator_status: Callable[[argparse.Namespace], int] | None = None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     if args.coordinator is not None:  # the coordinator's view of every site, not one fog's
-        from cloud_coordinator.sites_cli import status_cmd
-
-        return status_cmd(argparse.Namespace(checkpoint_dir=args.coordinator, names=[], json=args.json))
+        if coordinator_status is None:
+            print("error: --coordinator needs the cloud coordinator's commands (not installed)",
+                  file=sys.stderr)
+            return 2
+        return coordinator_status(argparse.Namespace(checkpoint_dir=args.coordinator, names=[],
+                                                     json=args.json))
     with _client(args) as c:
         st = c.status(offset=args.offset, limit=args.limit)
     if args.json:
@@ -430,9 +487,39 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_deploy(src: Any) -> dict[str, Any]:
+    """The deploy body of a workload file (a ``cliargs.JsonFile``), checked before any connection.
+
+    One workload or ``{"workloads": [...], "quotas": {...}}``: read by the placement parser the
+    fog broker runs (``parse_workloads``), each with a ``model`` the fog can build (``zoo:NAME``,
+    ``release:NAME`` or an ONNX file, uploaded); bad input raises ``SpecError`` naming the file.
+    """
+    from .client import prepare_deploy
+    from .placement import SpecError, parse_workloads
+
+    doc = src.doc if "workloads" in src.doc else {"workloads": [src.doc]}
+    try:
+        workloads, _ = parse_workloads(doc)
+        if not workloads:
+            raise SpecError("no workloads")
+        for w in workloads:
+            if w.model is None:
+                raise SpecError(f"workload {w.name}: the fog broker needs 'model' (zoo:NAME, release:NAME or an "
+                                "ONNX file); an inline 'profile' is for fogline place only")
+            if w.model.startswith("zoo:"):
+                from models import zoo
+
+                if w.model[4:] not in zoo.NAMES:
+                    raise SpecError(f"workload {w.name}: unknown zoo model {w.model[4:]!r}; choose from "
+                                    f"{', '.join(zoo.NAMES)}")
+    except SpecError as exc:
+        raise SpecError(f"{src.path}: {exc}") from None
+    return prepare_deploy(doc, src.path.parent)
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from .client import ControlError, load_workloads_file
-    body = load_workloads_file(args.workload)
+    from .client import ControlError
+    body = read_deploy(args.workload)
     with _client(args) as c:
         try:
             res = c.control("deploy", body, timeout=120.0)

@@ -29,7 +29,15 @@ from runtime.pki import SiteCA, TlsBundle, cert_identity
 from runtime.security import Identity
 
 from .trust import (
-    ROLES, DeviceRecord, Token, TrustError, approve, check_name, format_token, revoke, token_hash,
+    ROLES,
+    DeviceRecord,
+    Token,
+    TrustError,
+    approve,
+    check_name,
+    format_token,
+    revoke,
+    token_hash,
 )
 from .trust_db import TRUST_DB, IdentityRecord, TrustDB
 

@@ -7,11 +7,14 @@ are. Everything else (workloads, metrics, counters) is small.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from .registry import capacity_flags
+
 if TYPE_CHECKING:
-    from .service import FogService
+    from .shell import FogShell as FogService
 
 __all__ = ["site_status", "DEFAULT_DEVICE_PAGE", "MAX_DEVICE_PAGE"]
 
@@ -19,7 +22,7 @@ DEFAULT_DEVICE_PAGE = 1000
 MAX_DEVICE_PAGE = 5000
 
 
-def _device_row(svc: "FogService", did: str, now: float) -> dict[str, Any]:
+def _device_row(svc: FogService, did: str, now: float) -> dict[str, Any]:
     rec = svc.registry.devices[did]
     b, st = rec.birth, rec.state
     return {
@@ -33,12 +36,15 @@ def _device_row(svc: "FogService", did: str, now: float) -> dict[str, Any]:
         "battery_level": st.battery_level if st else None,
         "charging": st.charging if st else None,
         "clock_skew_s": st.clock_skew_s if st is not None and st.clock_skew_s is not None else None,
-        "flags": list(svc.flags.get(did, ())),
+        "flags": list(capacity_flags(rec)),  # a clean birth and an agreeing calibration clear them
+        # an advert of this device failed validation ("DeviceBirth.rtt_s=-1.0"): it holds nothing
+        "rejected": rec.rejected or None,
+        "set_aside": rec.set_aside or None,  # its record failed conversion: left out of placement
         "partitions": [f"{p.workload}/v{p.version}/r{p.replica}/p{p.index}:{p.health}" for p in rec.partitions()],
     }
 
 
-def _workload_row(svc: "FogService", name: str, follows: str | None) -> dict[str, Any]:
+def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, Any]:
     c = svc.controller
     e = c.workloads[name]
     reps: dict[int, list[dict[str, Any]]] = {}
@@ -60,8 +66,14 @@ def _workload_row(svc: "FogService", name: str, follows: str | None) -> dict[str
         "measured_on": [k for k, _ in e.spec.profile.segment_times] if e.spec.profile else [],
         "placement": [{"replica": r, "partitions": parts,
                        "latency_s": costs[r].latency_s if r in costs else None,
-                       "energy_j": costs[r].energy_j if r in costs else None}
+                       "energy_j": costs[r].energy_j if r in costs else None,
+                       # throughput workloads: the slowest stage; each cut's wire (issue 21)
+                       "bottleneck_s": costs[r].bottleneck_s or None if r in costs else None,
+                       "activations": svc.router.wire_reports.get((name, e.version, r))}
                       for r, parts in sorted(reps.items())],
+        "throughput": {"predicted_fps": 1.0 / e.replicas[0].bottleneck_s
+                       if e.replicas and e.replicas[0].bottleneck_s else None,
+                       "measured_fps": svc.router.measured_fps(name, time.monotonic())},
         "reasons": dict(e.reasons), "evicted": name in c.evicted,
         # the plan's end-to-end latency (cost model, best replica) against what requests took
         "latency": {"predicted_s": predicted, "measured_p50_s": measured,
@@ -69,7 +81,7 @@ def _workload_row(svc: "FogService", name: str, follows: str | None) -> dict[str
     }
 
 
-def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+def site_status(svc: FogService, now: float, *, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
     """The status document; devices sorted by id, ``limit`` of them from ``offset``."""
     limit = DEFAULT_DEVICE_PAGE if limit is None else max(0, min(int(limit), MAX_DEVICE_PAGE))
     offset = max(0, int(offset))
@@ -88,6 +100,8 @@ def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | 
     counters.update({f"router.{k}": v for k, v in svc.router.counters.items()})
     counters.update({f"verifier.{k}": v for k, v in svc.ingest.rejections().items()})
     counters["registry.stale"] = svc.registry.stale
+    counters["registry.rejected"] = svc.registry.rejected
+    counters["registry.set_aside"] = svc.registry.set_aside
     counters["verifier.accepted"] = svc.ingest.verified()
     return {
         "fog_id": svc.config.fog_id, "site": svc.config.site, "epoch": svc.epoch,
@@ -103,6 +117,8 @@ def site_status(svc: "FogService", now: float, *, offset: int = 0, limit: int | 
                     "devices_dead": counts["dead"]},
         "quotas": {t: q.memory_bytes for t, q in c.quotas.items()},
         "releases": svc.releases.view(),
+        # senders over their budget (ingest.py, control.py): quarantined ones with the reason
+        "limits": {"devices": svc.ingest.limits(now), "control": svc.control.limits(now)},
         "counters": dict(sorted(counters.items())),
         "recoveries_s": [round(x, 4) for x in c.recoveries[-50:]],
         "events": list(svc.events)[-50:],  # oldest first: device lost / back, partition recovered

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["Store", "StoredWorkload", "StoredAssignment"]
 

@@ -15,22 +15,23 @@ import hashlib
 import hmac
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal, Mapping
+from typing import Literal
 
 from runtime.errors import RemoteViolation
-from runtime.messages import DeviceBirth
+from runtime.ids import id_problem
+from runtime.messages import BIRTH_RANGES, DeviceBirth
 
 __all__ = [
     "TOKEN_PREFIX", "ROLES", "CONTROL_RIGHTS", "Token", "DeviceRecord", "EnrolRequest", "EnrolDecision",
-    "TrustError", "parse_token", "format_token", "token_hash", "decide_enrolment", "check_name",
+    "TrustError", "parse_token", "format_token", "token_hash", "check_token", "decide_enrolment", "check_name",
     "may_control", "bound_birth", "death_applies", "ReleaseDecision", "decide_release", "deploy_ref_allowed",
     "BirthLimits", "approve", "revoke",
 ]
 
 TOKEN_PREFIX = "fgl1"
-_TOKEN_RE = re.compile(r"^fgl1\.([a-z0-9]{6})\.([a-z0-9]{16})\.([0-9a-f]{64})$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TOKEN_RE = re.compile(r"fgl1\.([a-z0-9]{6})\.([a-z0-9]{16})\.([0-9a-f]{64})")
 
 ROLES = ("device", "fog", "operator", "coordinator", "app", "monitor")
 DeviceState_ = Literal["pending", "approved", "revoked"]
@@ -53,10 +54,11 @@ class TrustError(RemoteViolation):
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """Identity names become certificate CNs, MQTT usernames and topic levels: keep them tame."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
-        raise TrustError(400, f"invalid {what} {str(name)[:40]!r}: 1-64 of A-Z a-z 0-9 . _ -, "
-                              "starting with a letter or digit")
+    """Identity names become certificate CNs, MQTT usernames, topic levels and ACL lines: the one
+    grammar of ``runtime.ids`` (whole-string match: a trailing newline is not a name)."""
+    problem = id_problem(name, what)
+    if problem:
+        raise TrustError(400, problem)
     return name
 
 
@@ -86,10 +88,18 @@ def format_token(token_id: str, secret: str, ca_fingerprint: str) -> str:
 
 def parse_token(text: str) -> tuple[str, str, str]:
     """``fgl1.<id>.<secret>.<ca-sha256>`` -> (id, secret, ca fingerprint); a TrustError otherwise."""
-    m = _TOKEN_RE.match(text.strip())
+    m = _TOKEN_RE.fullmatch(text.strip())
     if m is None:
         raise TrustError(400, "not a Fogline bootstrap token (expected fgl1.<id>.<secret>.<ca-sha256>)")
     return m.group(1), m.group(2), m.group(3)
+
+
+def check_token(token: Token | None, secret: str) -> Token:
+    """The first check of every enrolment request, before its body is even read: a caller
+    without a valid token learns nothing else (not which names or devices exist)."""
+    if token is None or not hmac.compare_digest(token.secret_sha256, token_hash(secret)):
+        raise TrustError(401, "token rejected: unknown token or wrong secret")
+    return token
 
 
 # ------------------------------------------------------------------ enrolment
@@ -140,11 +150,10 @@ def decide_enrolment(req: EnrolRequest, token: Token | None, existing: DeviceRec
     can poll while an operator decides. Another key under a known id is refused: ids are not
     first-come-first-served after enrolment.
     """
+    token = check_token(token, req.secret)
     check_name(req.device_id, "device id")
     if len(req.signing_key) != 32:
         raise TrustError(400, "signing_key must be an Ed25519 public key (32 bytes)")
-    if token is None or not hmac.compare_digest(token.secret_sha256, token_hash(req.secret)):
-        raise TrustError(401, "token rejected: unknown token or wrong secret")
     if existing is not None:
         if existing.state == "revoked":
             raise TrustError(403, f"device {req.device_id} was revoked; an operator must remove it first")
@@ -184,14 +193,21 @@ def may_control(role: str, action: str) -> bool:
     return action in CONTROL_RIGHTS.get(role, frozenset())
 
 
+def _plausible(name: str) -> float:
+    cap = BIRTH_RANGES[name].plausible
+    assert cap is not None, name
+    return cap
+
+
 @dataclass(frozen=True, slots=True)
 class BirthLimits:
     """Bounds on what a device may claim about itself (a claim is data the device controls)."""
 
-    max_state_interval_s: float = 60.0
-    max_flops: float = 5e14            # an AGX Orin's peak is ~2.75e14 (int8)
-    max_memory_bytes: int = 1 << 40    # 1 TiB
-    max_bps: float = 1e11
+    # the plausibility caps of runtime.messages.BIRTH_RANGES, the one table of device figures
+    max_state_interval_s: float = float(_plausible("state_interval_s"))
+    max_flops: float = float(_plausible("flops"))
+    max_memory_bytes: int = int(_plausible("memory_bytes"))
+    max_bps: float = float(_plausible("uplink_bps"))
 
 
 def bound_birth(birth: DeviceBirth, limits: BirthLimits = BirthLimits()) -> tuple[DeviceBirth, tuple[str, ...]]:
@@ -213,7 +229,14 @@ def bound_birth(birth: DeviceBirth, limits: BirthLimits = BirthLimits()) -> tupl
     clamp("memory_bytes", birth.memory_bytes, limits.max_memory_bytes)
     clamp("uplink_bps", birth.uplink_bps, limits.max_bps)
     clamp("downlink_bps", birth.downlink_bps, limits.max_bps)
+    for name, r in BIRTH_RANGES.items():  # any other capped figure (a new device field): its cap
+        if r.plausible is not None and name not in _LIMITED:
+            clamp(name, getattr(birth, name), r.plausible, r.lo)
     return (replace(birth, **changes) if changes else birth), tuple(flags)
+
+
+#: The figures ``BirthLimits`` caps (configurable); other capped ones use the table's cap.
+_LIMITED = frozenset({"state_interval_s", "flops", "memory_bytes", "uplink_bps", "downlink_bps"})
 
 
 def death_applies(current_epoch: int, death_epoch: int) -> bool:

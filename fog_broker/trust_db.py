@@ -63,7 +63,9 @@ class TrustDB:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        self.path.chmod(0o600)
+        for f in (self.path, *(self.path.with_name(self.path.name + x) for x in ("-wal", "-shm"))):
+            if f.exists():  # the WAL holds the same rows: never readable by others, whatever the umask
+                f.chmod(0o600)
 
     def close(self) -> None:
         with self._lock:

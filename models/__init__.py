@@ -11,7 +11,12 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
   ``serving_dims(model, input_shapes)`` (named dims the broker pins at 1). Models with
   weights in side files (external data, also over 2 GB) are read from their path; each
   partition then loads only its own weights.
-- ``models.probe`` (shell: onnxruntime): ``run_shapes`` (the one run that sizes what static
+- ``models.external``: where side files may be: ``external_tensors(model)`` (every tensor
+  kept in one), ``external_location_error(location)`` (the pure path rule),
+  ``resolve_external(dir, location)``. Model bytes or a proto with side files are refused:
+  they have no directory, and the working directory is nobody's model.
+- ``models.feeds``: ``make_feeds``, ``feeds_for`` (inputs for one run; pure, shared by graph and
+  probe). ``models.probe`` (shell: onnxruntime): ``run_shapes`` (the one run that sizes what static
   inference cannot; imported lazily by ``analyze``), ``session_options``, ``feeds_for``,
   ``rel_diff``.
 - ``models.timing`` (shell: onnxruntime + a clock parameter):

@@ -251,19 +251,21 @@ def analyze_args(args: argparse.Namespace) -> Any:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``fogline models`` with ``zoo``, ``profile``, ``split`` and ``bench-segments``."""
+    from runtime import cliargs as ca
+
     models = subparsers.add_parser("models", help="ONNX tooling: reference models, profiles, "
                                                   "cuts and partitions")
     sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND")
     models.set_defaults(func=lambda _args: (models.print_help(), 2)[1])
 
     zoo = sub.add_parser("zoo", help="write the reference models (NAME.onnx) to a directory")
-    zoo.add_argument("--out", required=True, help="output directory")
+    zoo.add_argument("--out", required=True, type=ca.writable_dir, help="output directory")
     zoo.add_argument("--names", help="comma-separated subset (default: all)")
     zoo.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     zoo.set_defaults(func=_zoo)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="ONNX file")
+        p.add_argument("model", type=ca.existing_file, help="ONNX file")
         p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                        help="fix a whole input shape (repeatable), e.g. --input-shape "
                             "x=1,3,48,320; anonymous '?' dims included")
@@ -277,20 +279,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     prof = sub.add_parser("profile", help="print the chain profile (JSON) and a per-node table")
     common(prof)
-    prof.add_argument("--segments", type=int, default=16, metavar="K",
+    prof.add_argument("--segments", type=ca.int_range(1, 4096), default=16, metavar="K",
                       help="at most K segments (default 16)")
     prof.add_argument("--json", action="store_true", help="only the chain profile JSON")
     prof.add_argument("--with-cuts", action="store_true",
-                      help="add the cut tensors (an extension of the COST_MODEL.md format)")
+                      help="add the cut tensors (an extension of the chain profile format, "
+                           "docs/formats.md)")
     prof.set_defaults(func=_profile)
 
     split = sub.add_parser("split", help="write partitions part-<i>.onnx and manifest.json")
     common(split)
     how = split.add_mutually_exclusive_group(required=True)
     how.add_argument("--cuts", metavar="I,J,...", help="cut positions (after the first I nodes)")
-    how.add_argument("--partitions", type=int, metavar="K",
+    how.add_argument("--partitions", type=ca.int_range(1, 4096), metavar="K",
                      help="K partitions at the chain profile's cuts")
-    split.add_argument("--out", required=True, help="output directory")
+    split.add_argument("--out", required=True, type=ca.writable_dir, help="output directory")
     split.add_argument("--sign-as", metavar="NAME",
                        help="sign partitions with a fresh Ed25519 identity NAME")
     split.set_defaults(func=_split)
@@ -300,12 +303,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     common(bench)
     how = bench.add_mutually_exclusive_group()
     how.add_argument("--cuts", metavar="I,J,...", help="cut positions (after the first I nodes)")
-    how.add_argument("--segments", type=int, default=16, metavar="K",
+    how.add_argument("--segments", type=ca.int_range(1, 4096), default=16, metavar="K",
                      help="the chain profile's K segments, as placed (default 16)")
     bench.add_argument("--providers", metavar="P1,P2",
                        help="execution providers, best first (default CPUExecutionProvider)")
-    bench.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    bench.add_argument("--repeats", type=int, default=20, help="timed runs each (default 20)")
+    bench.add_argument("--threads", type=ca.int_range(1, 1024), default=1, help="intra-op threads (default 1)")
+    bench.add_argument("--repeats", type=ca.int_range(1, 100_000), default=20, help="timed runs each (default 20)")
     bench.add_argument("--device-class", metavar="NAME",
                        help="also print segment_times_s {NAME: calibrated seconds} for a "
                             "workload or profile")

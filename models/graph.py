@@ -20,6 +20,8 @@ import onnx
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from models.errors import ModelError
+from models.external import external_tensors, inline_only, resolve_external, uses_external_data
+from models.feeds import make_feeds
 
 __all__ = [
     "GraphAnalysis",
@@ -179,16 +181,29 @@ def _path_of(src: object) -> str | None:
     return os.fspath(src) if isinstance(src, (str, os.PathLike)) else None
 
 
-def _external_dir(model: onnx.ModelProto, src: object) -> str:
-    """The directory holding the model's external data files ('' when it has none)."""
-    path = _path_of(src)
-    if path is None or not any(uses_external_data(t) for t in model.graph.initializer):
+def _external_dir(model: onnx.ModelProto, src: object, label: str) -> str:
+    """The directory holding the model's external data files ('' when it has none).
+
+    Side files are read only next to a model file given by its path, and each must be a
+    regular file in that directory (``models.external``). A model given as bytes or a proto
+    names no file: resolved, its locations would be paths in the working directory of the
+    process (``/`` for the fog broker), so it is refused.
+    """
+    ext = external_tensors(model)
+    if not ext:
         return ""
-    return str(Path(path).resolve().parent)
-
-
-def uses_external_data(t: onnx.TensorProto) -> bool:
-    return t.data_location == onnx.TensorProto.EXTERNAL
+    path = _path_of(src)
+    if path is None:
+        raise ModelError(inline_only(label, ext[0].name))
+    inner = next((e for e in ext if not e.initializer), None)
+    if inner is not None:
+        raise ModelError(f"{label}: tensor {inner.name[:64]!r} outside the graph's initializers "
+                         f"(a node attribute or a subgraph) keeps its data in an external file; "
+                         f"unsupported: only initializers may")
+    base = str(Path(path).resolve().parent)
+    for e in ext:
+        resolve_external(base, e.location, e.name, label)
+    return base
 
 
 def load_model(src: ModelSource, *, dims: Mapping[str, int] | None = None,
@@ -489,8 +504,6 @@ def _input_values(model: onnx.ModelProto, values: Mapping[str, object],
 
 def _probe_feeds(g: onnx.GraphProto, inputs: Sequence[str],
                  values: Mapping[str, np.ndarray], label: str) -> dict[str, np.ndarray]:
-    from models.probe import make_feeds
-
     vis = {vi.name: vi for vi in g.input}
     spec: dict[str, tuple[tuple[int, ...], int]] = {}
     for name in inputs:
@@ -599,7 +612,7 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
     if len(inferred.graph.node) == 0:
         raise ModelError(f"{label}: invalid ONNX model: the graph has no nodes")
     g = inferred.graph
-    ext_dir = _external_dir(inferred, src)
+    ext_dir = _external_dir(inferred, src, label)
     model_name = model_name or g.name
     _restore_subgraphs(g, source, label)
     raw_nodes = list(g.node)
@@ -629,7 +642,7 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
         tensors[name] = info
 
     static: set[str] = set(initializers)
-    birth: dict[str, int] = {n: -1 for n in inputs}
+    birth: dict[str, int] = dict.fromkeys(inputs, -1)
     last_use: dict[str, int] = {}
     known = set(inputs) | initializers
     opset = next((o.version for o in inferred.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -27,6 +27,7 @@ from models.cuts import (
     resolve_cuts,
 )
 from models.errors import ModelError
+from models.external import inline_only, location_of, resolve_external
 from models.graph import (
     GraphAnalysis,
     ModelSource,
@@ -159,6 +160,9 @@ class Partitioner:
             t.CopyFrom(src)  # for an external weight: only its name, type and file offset
             if not uses_external_data(src):
                 continue
+            if not self.ga.external_dir:  # bytes or a proto: its locations are nobody's files
+                raise ModelError(inline_only(self.ga.name or "model", name))
+            resolve_external(self.ga.external_dir, location_of(src), name, self.ga.name)
             try:
                 load_external_data_for_tensor(t, self.ga.external_dir)
             except (OSError, ValueError) as exc:

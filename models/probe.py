@@ -8,52 +8,19 @@ optimisations (every node keeps its outputs), inputs random but seeded.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from models.errors import ModelError
-
-if TYPE_CHECKING:
-    from models.graph import GraphAnalysis
+from models.feeds import feeds_for, make_feeds
 
 __all__ = ["ProbeResult", "feeds_for", "make_feeds", "rel_diff", "run_shapes", "session_options"]
 
 # name -> (shape, numpy dtype name, nbytes)
 ProbeResult = dict[str, tuple[tuple[int, ...], str, int]]
-
-
-def make_feeds(inputs: Mapping[str, tuple[tuple[int, ...], int]],
-               values: Mapping[str, np.ndarray] | None = None, *, seed: int = 0
-               ) -> dict[str, np.ndarray]:
-    """Inputs for one run: given ``values`` where present, else seeded random data.
-
-    Floats are standard normal; integers and booleans are zero (a valid index,
-    a valid length), which keeps Gather/Slice/Range data in range.
-    """
-    rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for name, (shape, elem_type) in inputs.items():
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-        if values is not None and name in values:
-            feeds[name] = np.asarray(values[name], dtype=dtype).reshape(shape)
-        elif dtype.kind == "f":
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind == "O":
-            feeds[name] = np.full(shape, "", dtype=object)
-        else:
-            feeds[name] = np.zeros(shape, dtype=dtype)
-    return feeds
-
-
-def feeds_for(ga: GraphAnalysis, values: Mapping[str, object] | None = None, *,
-              seed: int = 0) -> dict[str, np.ndarray]:
-    """``make_feeds`` for an analysed model's inputs (their fixed shapes and dtypes)."""
-    vis = {vi.name: vi for vi in ga.model.graph.input}
-    spec = {n: (ga.tensors[n].shape, vis[n].type.tensor_type.elem_type) for n in ga.inputs}
-    return make_feeds(spec, {k: np.asarray(v) for k, v in (values or {}).items()}, seed=seed)
 
 
 def rel_diff(got: object, want: object) -> float:
@@ -96,11 +63,13 @@ def _nbytes(value: object) -> int:
 
 
 def session_options(*, threads: int = 1, optimize: bool = True,
-                    external_dir: str | None = None) -> object:
+                    external_dir: str | None = None, from_bytes: bool = False) -> object:
     """onnxruntime session options as Fogline runs partitions: few threads, quiet logs.
 
     ``external_dir`` is where the model's external data files are (a model given as
-    bytes otherwise looks for them in the working directory).
+    bytes otherwise looks for them in the working directory). ``from_bytes`` without an
+    ``external_dir``: side files resolve nowhere (under ``os.devnull``, which is no
+    directory), never in the working directory.
     """
     import onnxruntime as ort
 
@@ -110,9 +79,9 @@ def session_options(*, threads: int = 1, optimize: bool = True,
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 4  # errors come back as exceptions; keep stderr to one line
-    if external_dir:
+    if external_dir or from_bytes:
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                      external_dir)
+                                      external_dir or os.devnull)
     return opts
 
 
@@ -133,7 +102,7 @@ def run_shapes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     present = {o.name for o in g.output}
     # An output without a type is accepted by onnxruntime; it reports what it computed.
     g.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
-    opts = session_options(optimize=False, external_dir=external_dir)
+    opts = session_options(optimize=False, external_dir=external_dir, from_bytes=True)
     # One run: arena growth and memory-pattern planning cost more than they save.
     opts.enable_cpu_mem_arena = False  # type: ignore[attr-defined]
     opts.enable_mem_pattern = False  # type: ignore[attr-defined]

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 from models.cuts import DEFAULT_SEGMENTS, ChainProfile, Cut, chain_profile
 from models.errors import ModelError
 from models.graph import GraphAnalysis, ModelSource, analyze
@@ -86,7 +85,8 @@ def _session(data: bytes, providers: Sequence[str], threads: int,
 
     try:
         return ort.InferenceSession(data, session_options(threads=threads,
-                                                          external_dir=external_dir or None),
+                                                          external_dir=external_dir or None,
+                                                          from_bytes=True),
                                     providers=list(providers))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own classes
         text = str(exc).strip().splitlines()

@@ -39,7 +39,7 @@ def _check_xy(X: np.ndarray, y: np.ndarray, n_features: int) -> tuple[np.ndarray
 class _Trainer:
     """Minibatch SGD with momentum over a model given by forward/backward."""
 
-    __slots__ = ("_w", "_v", "_rng", "batch_size", "n_features", "n_classes")
+    __slots__ = ("_rng", "_v", "_w", "batch_size", "n_classes", "n_features")
 
     def __init__(self, weights: Weights, *, seed: int, batch_size: int) -> None:
         self._w: Weights = [np.asarray(w, dtype=np.float32) for w in weights]

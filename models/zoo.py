@@ -25,7 +25,7 @@ IR_VERSION = 8
 class _Builder:
     """Accumulates nodes and seeded initializers with unique, readable names."""
 
-    __slots__ = ("rng", "nodes", "inits", "_count")
+    __slots__ = ("_count", "inits", "nodes", "rng")
 
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Callable, ClassVar, Union
+from collections.abc import Callable
+from typing import Any, ClassVar, Union
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class Record:
     """Mixin marking a dataclass whose fields are checked against its annotations."""
 
     __slots__ = ()
-    _fields: ClassVar[tuple["FieldSpec", ...]]
+    _fields: ClassVar[tuple[FieldSpec, ...]]
 
     def __post_init__(self) -> None:
         for spec in type(self)._fields:

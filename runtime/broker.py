@@ -12,21 +12,25 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
+from . import children
+from .brokerproc import BrokerProcess, free_port, port_open, wait_port
 from .errors import LocalViolation
+from .files import atomic_write
+from .ids import ID_GRAMMAR, ID_PATTERN, is_id
 from .topics import ROOT
 
-__all__ = ["BrokerConfig", "BrokerProcess", "MosquittoBroker", "acl_for", "find_mosquitto", "free_port", "port_open",
-           "wait_port", "start_broker"]
+__all__ = ["BrokerConfig", "BrokerProcess", "MosquittoBroker", "acl_for", "check_acl", "find_mosquitto", "free_port",
+           "port_open", "wait_port", "start_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -39,31 +43,6 @@ def find_mosquitto() -> str | None:
         if os.access(candidate, os.X_OK):
             return candidate
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def wait_port(host: str, port: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.02)
-    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,50 +60,6 @@ class BrokerConfig:
     acl: str | None = None         # ACL text (``acl_for``); None: no ACL file
     max_message_bytes: int = 0     # mosquitto's message_size_limit; 0: none (insecure test brokers only)
     run_as: str = "mosquitto"      # the unprivileged user mosquitto drops to when started as root
-
-
-class BrokerProcess:
-    """What every broker we launch offers: a child process we can check, stop or kill."""
-
-    host: str
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 10.0) -> "BrokerProcess":
-        raise NotImplementedError
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would (tests use it)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=5)
-        self._exited()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self._exited()
-
-    def _exited(self) -> None:
-        """Release what the child held (subclasses)."""
-
-    def __enter__(self) -> "BrokerProcess":
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _run_dir(data_dir: Path) -> Path:
@@ -146,6 +81,13 @@ class MosquittoBroker(BrokerProcess):
     started as root, mosquitto drops to ``run_as`` and works in a directory that user owns.
     ``update_acl`` / ``update_crl`` rewrite those files and reload the broker (SIGHUP): new
     rights apply to connected clients at once, a revoked certificate cannot connect again.
+
+    mosquitto 2.0 that fails to reload an ACL keeps running *without* one (every client may read
+    and write everything), and refuses to start with it. So a new ACL or CRL is checked line by
+    line (``check_acl``), then test-loaded by a throwaway mosquitto with the same config on a
+    free port, and only then written (atomically, fsynced) and reloaded; a refused one leaves
+    the last good file in place. ``acl.good`` keeps the last file mosquitto accepted, and a
+    start that fails with the current files starts again with it.
     """
 
     def __init__(self, config: BrokerConfig, *, pid: int | None = None) -> None:
@@ -159,6 +101,8 @@ class MosquittoBroker(BrokerProcess):
         self.run_dir = _run_dir(self.data_dir)
         self.conf_path = self.run_dir / "mosquitto.conf"
         self.log_path = self.data_dir / "mosquitto.log"
+        self._conf_lines: list[str] = []
+        self.refused: dict[str, int] = {"acl": 0, "crl": 0}  # updates refused by the checks (counted)
 
     # ------------------------------------------------------------ files
 
@@ -166,7 +110,7 @@ class MosquittoBroker(BrokerProcess):
         """Hand a file or directory we wrote to the broker user (only when we run as root)."""
         if self.run_dir == self.data_dir:
             return
-        import pwd  # noqa: PLC0415 - POSIX only, root only
+        import pwd
         try:
             pw = pwd.getpwnam(self.config.run_as)
         except KeyError:
@@ -174,17 +118,30 @@ class MosquittoBroker(BrokerProcess):
                                  "root (the Debian package creates 'mosquitto')") from None
         os.chown(path, pw.pw_uid, pw.pw_gid)
 
+    def _user(self) -> str | None:
+        """Who mosquitto runs as: we switch to ``run_as`` ourselves when root (mosquitto's own drop of
+        privileges would clear the parent-death signal that ties it to the fog broker)."""
+        return self.config.run_as if self.run_dir != self.data_dir and os.geteuid() == 0 else None
+
     def _put(self, name: str, data: bytes, mode: int = 0o600) -> Path:
+        """Atomically (fsynced temp file, rename, fsynced dir): mosquitto never reads half a file."""
         path = self.run_dir / name
-        tmp = path.with_name(name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        atomic_write(path, data, mode=mode, sync_dir=True)
+        self._owned(path)  # before any SIGHUP: only a reload makes mosquitto read it
+        return path
+
+    def _scratch(self, name: str, data: bytes, mode: int = 0o600) -> Path:
+        """A file only a test load reads, then deleted: written whole, but not made durable (no fsync)."""
+        path = self.run_dir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
-            os.write(fd, data)
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        os.chmod(tmp, mode)
-        self._owned(tmp)
-        os.replace(tmp, path)
+        self._owned(path)
         return path
 
     def _claim_run_dir(self) -> None:
@@ -204,6 +161,10 @@ class MosquittoBroker(BrokerProcess):
     def write_config(self) -> Path:
         c = self.config
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.run_dir != self.data_dir and not self.run_dir.parent.exists():
+            # the broker user must traverse it, whatever umask the fog runs with (0077)
+            self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.run_dir.parent, 0o755)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         self._owned(self.run_dir)
@@ -248,21 +209,116 @@ class MosquittoBroker(BrokerProcess):
         else:
             lines.append("allow_anonymous true")
         if c.acl is not None:
-            lines.append(f"acl_file {self._put('acl', c.acl.encode()).resolve()}")
+            try:
+                check_acl(c.acl)
+                acl = c.acl
+            except LocalViolation as exc:  # never hand mosquitto a line it may misread: the last good one
+                self.refused["acl"] += 1
+                acl = self._last_good_acl()
+                log.error("refusing the new ACL (%s); mosquitto starts with the last good one", exc)
+            lines.append(f"acl_file {self._put('acl', acl.encode()).resolve()}")
+        self._conf_lines = lines
         self.conf_path = self._put("mosquitto.conf", ("\n".join(lines) + "\n").encode(), 0o644)
         return self.conf_path
 
-    def update_acl(self, text: str) -> None:
-        """Replace the ACL and reload: rights change for connected clients too (any thread)."""
-        with self._files_lock:
-            self._put("acl", text.encode())
-            self.reload()
+    def _last_good_acl(self) -> str:
+        """``acl.good`` when it still passes the checks, else an ACL that grants nothing."""
+        try:
+            text = (self.run_dir / "acl.good").read_text()
+            check_acl(text)
+            return text
+        except (OSError, UnicodeDecodeError, LocalViolation):
+            return "# fogline: no valid ACL yet; every topic is denied\n"
 
-    def update_crl(self, pem: bytes) -> None:
-        """Replace the revocation list and reload: a revoked certificate cannot connect again (any thread)."""
+    def update_acl(self, text: str) -> bool:
+        """Replace the ACL and reload: rights change for connected clients too (any thread).
+
+        False (logged, counted in ``refused``) when the text fails ``check_acl`` or a test load:
+        mosquitto keeps the last good ACL."""
+        try:
+            check_acl(text)
+        except LocalViolation as exc:
+            return self._refuse("acl", str(exc))
+        return self._install("acl", "acl_file", text.encode())
+
+    def update_crl(self, pem: bytes) -> bool:
+        """Replace the revocation list and reload: a revoked certificate cannot connect again (any thread).
+
+        False (logged, counted) when it is not a PEM CRL or mosquitto refuses it: the last good one stays."""
+        from cryptography import x509
+
+        try:
+            x509.load_pem_x509_crl(pem)
+        except ValueError as exc:
+            return self._refuse("crl", f"not a PEM CRL ({exc})")
+        return self._install("crl", "crlfile", pem, name="crl.pem")
+
+    def _refuse(self, what: str, why: str) -> bool:
+        self.refused[what] += 1
+        log.error("refusing the new %s for mosquitto: %s; the last good one stays", what.upper(), why)
+        return False
+
+    def _install(self, what: str, directive: str, data: bytes, *, name: str = "") -> bool:
+        name = name or what
         with self._files_lock:
-            self._put("crl.pem", pem)
+            try:
+                if (self.run_dir / name).read_bytes() == data:
+                    return True  # already in force (the enrolment and the fog's trust sync both push it)
+            except OSError:
+                pass
+            candidate = self._scratch(f"{name}.next", data)
+            problem = self.test_load({directive: candidate})
+            if problem is not None:
+                candidate.unlink(missing_ok=True)
+                return self._refuse(what, problem)
+            self._put(name, data)
+            candidate.unlink(missing_ok=True)
             self.reload()
+            if what == "acl":  # the rollback target: an older copy after a crash is still a good one
+                atomic_write(self.run_dir / "acl.good", data)
+                self._owned(self.run_dir / "acl.good")
+        return True
+
+    def test_load(self, files: Mapping[str, Path], timeout: float = 10.0) -> str | None:
+        """Start a throwaway mosquitto with this broker's config, ``files`` (directive -> path, e.g.
+        ``acl_file``) swapped in, on a free loopback port: None when it comes up, else why not."""
+        exe = find_mosquitto()
+        if exe is None or not self._conf_lines:
+            return None  # nothing to test with (the config is written at start)
+        for _attempt in range(3):  # the free port may be taken between free_port() and the bind
+            port = free_port()
+            lines = []
+            for line in self._conf_lines:
+                key = line.split(" ", 1)[0]
+                if key == "listener":
+                    line = f"listener {port} 127.0.0.1"
+                elif key in ("persistence_location", "autosave_interval"):
+                    continue
+                elif key == "persistence":
+                    line = "persistence false"
+                elif key in files:
+                    line = f"{key} {Path(files[key]).resolve()}"
+                lines.append(line)
+            conf = self._scratch("mosquitto.test.conf", ("\n".join(lines) + "\n").encode(), 0o644)
+            proc = children.spawn([exe, "-c", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  user=self._user())
+            try:
+                deadline = time.monotonic() + timeout
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if port_open("127.0.0.1", port, 0.2):
+                        return None
+                    time.sleep(0.005)
+                if proc.poll() is None:
+                    return f"a test mosquitto did not open port {port} within {timeout:g} s"
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                out = proc.communicate(timeout=5)[0].decode("utf-8", "replace")
+                conf.unlink(missing_ok=True)
+            if "in use" not in out:
+                errors = [ln.split(": ", 1)[-1] for ln in out.splitlines() if "Error" in ln]
+                return "mosquitto refused it: " + (" ".join(errors)[:300] or f"exit code {proc.returncode}")
+        return "a test mosquitto found no free port"
 
     def reload(self) -> None:
         pid = self.proc.pid if self.proc is not None else self.pid
@@ -294,19 +350,37 @@ class MosquittoBroker(BrokerProcess):
             return
         super().stop()
 
-    def start(self, timeout: float = 10.0) -> "MosquittoBroker":
+    def start(self, timeout: float = 10.0) -> MosquittoBroker:
         exe = find_mosquitto()
         if exe is None:
             raise LocalViolation("mosquitto not found: install the Debian package 'mosquitto'")
         self.write_config()
-        log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process lifetime
-        self.proc = subprocess.Popen([exe, "-c", str(self.conf_path)], stdout=log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log_file.close()
-        if not wait_port(self.host, self.port, timeout):
-            self.stop()
-            raise LocalViolation(f"mosquitto did not open port {self.port}; see {self.log_path}")
+        if not self._spawn(exe, timeout):
+            acl = self.run_dir / "acl"
+            good = self.run_dir / "acl.good"
+            if self.config.acl is None or not good.exists() or good.read_bytes() == acl.read_bytes():
+                raise LocalViolation(f"mosquitto did not open port {self.port}; see {self.log_path}")
+            log.error("mosquitto did not start with the new ACL; starting it with the last good one")
+            self._put("acl", self._last_good_acl().encode())
+            if not self._spawn(exe, timeout):
+                raise LocalViolation(f"mosquitto did not open port {self.port}; see {self.log_path}")
+        if self.config.acl is not None:
+            self._put("acl.good", (self.run_dir / "acl").read_bytes())  # what this mosquitto accepted
         return self
+
+    def _spawn(self, exe: str, timeout: float) -> bool:
+        # the log is the broker's (0600 whatever the umask): it names clients and their addresses
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        try:  # dies with the fog broker, kill -9 included: a crashed fog leaves no orphan broker behind
+            self.proc = children.spawn([exe, "-c", str(self.conf_path)], stdout=fd, stderr=subprocess.STDOUT,
+                                       user=self._user())
+        finally:
+            os.close(fd)
+        if wait_port(self.host, self.port, timeout):
+            return True
+        super().stop()
+        return False
 
 
 def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
@@ -321,11 +395,18 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
       role what each may ask), their own replies, the fog's STATE;
     * coordinator: also releases and the fleet summary.
     """
+    for what, value in (("site name", site), ("fog id", fog_id)):
+        if not is_id(value):
+            raise LocalViolation(f"invalid {what} {value[:40]!r}: {ID_GRAMMAR}")
     b = f"{ROOT}/{site}"
     lines = [f"# generated by fogline for site {site}; do not edit", "", f"user {fog_id}", f"topic readwrite {b}/#", ""]
+    skipped = [name for name in identities if not is_id(name)]
+    if skipped:  # stored before names were checked whole (e.g. "a\n"): never a line of the ACL
+        log.warning("ACL: %d identities with invalid names get no rights: %s", len(skipped),
+                    ", ".join(repr(n[:40]) for n in sorted(skipped)[:5]))
     for name in sorted(identities):
         role = identities[name]
-        if name == fog_id or role == "fog":
+        if name == fog_id or role == "fog" or not is_id(name):
             continue
         lines.append(f"user {name}")
         if role == "device":
@@ -340,6 +421,20 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
                 lines += [f"topic write {b}/cloud/RELEASE", f"topic read {b}/fog/SUMMARY"]
         lines.append("")
     return "\n".join(lines)
+
+
+_ACL_LINE = re.compile(  # comment | blank | user ID | topic ACCESS FILTER (levels: ids, + ; # last)
+    rf"(?:# [^\x00-\x1f\x7f]*|user {ID_PATTERN}|topic (?:read|write|readwrite) "
+    rf"(?:{ID_PATTERN}|\+)(?:/(?:{ID_PATTERN}|\+))*(?:/#)?|)")
+
+
+def check_acl(text: str) -> None:
+    """LocalViolation naming the first line of ``text`` that is not one ``acl_for`` writes: a comment,
+    a blank, ``user ID`` or ``topic read|write|readwrite FILTER`` whose levels are ids or wildcards."""
+    for no, line in enumerate(text.split("\n"), 1):
+        if _ACL_LINE.fullmatch(line) is None or (".." in line and not line.startswith("# ")):
+            raise LocalViolation(f"ACL line {no} is not a comment, 'user ID' or 'topic ACCESS FILTER': "
+                                 f"{line[:60]!r}")
 
 
 def start_broker(data_dir: Path, port: int = 0, *, host: str = "127.0.0.1",

@@ -54,7 +54,7 @@ class FogInfo:
             raise ValueError("fog_id and site must not be empty")
 
     @classmethod
-    def from_json(cls, d: object) -> "FogInfo":
+    def from_json(cls, d: object) -> FogInfo:
         """Parse an enrolment answer's ``fog`` object or a stored fog.json; ValueError if unusable."""
         if not isinstance(d, dict):
             raise ValueError("expected a JSON object")
@@ -69,7 +69,7 @@ class FogInfo:
                 "mqtt": self.mqtt, "enroll": self.enroll, "http": self.http}
 
     @classmethod
-    def load(cls, path: str | Path) -> "FogInfo | None":
+    def load(cls, path: str | Path) -> FogInfo | None:
         """The stored record, None when absent; LocalViolation when present but unusable."""
         path = Path(path)
         try:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .broker import BrokerProcess, free_port, wait_port
+from .brokerproc import BrokerProcess, free_port, wait_port
 from .errors import LocalViolation
 
 __all__ = ["FallbackBroker", "start_fallback", "rumqttd_config", "available"]
@@ -86,7 +86,7 @@ class FallbackBroker(BrokerProcess):
         self.conf_path = self.data_dir / "rumqttd.toml"
         self.log_path = self.data_dir / "rumqttd.log"
 
-    def start(self, timeout: float = 10.0) -> "FallbackBroker":
+    def start(self, timeout: float = 10.0) -> FallbackBroker:
         if not available():
             raise LocalViolation("no MQTT broker: install the Debian package 'mosquitto' "
                                  "(or the 'iotcore' package for the fallback broker)")

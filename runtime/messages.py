@@ -7,12 +7,24 @@ missing optional ones, so versions can roll out device by device. Records
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 import numpy as np
 
 from ._schema import Record, schema_of
+from .devices import (
+    RESOURCE_RANGES,
+    DeviceResources,
+    OutOfRange,
+    Range,
+    Taint,
+    check_ranges,
+    parse_out_of_range,
+    range_problem,
+)
 from .errors import RemoteViolation
 
 __all__ = [
@@ -22,6 +34,8 @@ __all__ = [
     "Deploy", "Undeploy", "CommandAck",
     "InferenceRequest", "Activation", "RouteTicket", "Relay", "Tensors", "InferenceResult", "TimeHint",
     "FleetSummary", "ControlRequest", "ControlReply", "ModelRelease", "Envelope",
+    "Range", "RESOURCE_RANGES", "BIRTH_RANGES", "STATE_RANGES", "PARTITION_RANGES", "OutOfRange",
+    "range_problem", "check_ranges", "parse_out_of_range",
 ]
 
 PROTOCOL_VERSION = 1
@@ -60,19 +74,43 @@ def _check_nonneg(**values: float | int | None) -> None:
             raise RemoteViolation(f"{name} must be >= 0, got {v}")
 
 
+# ---------------------------------------------------------------- ranges
+#
+# Every number a device says about itself, with the range it must lie in. The device's static
+# resources and their ranges are declared once, in ``runtime.devices`` (``DeviceResources``,
+# ``RESOURCE_RANGES``); the birth adds its own figures below, states and partitions theirs. The
+# wire check (``validate``, run when bytes become a message), the placement model's ``Device``,
+# the fog's plausibility clamp (``fog_broker.trust.bound_birth``), the agent's ``Capabilities``
+# and the simulated ``DeviceProfile`` all read these tables.
+
+_I64 = (1 << 63) - 1
+
+BIRTH_RANGES: Mapping[str, Range] = MappingProxyType({
+    "epoch": Range(0, _I64), "seq": Range(0, _I64), **RESOURCE_RANGES,
+    "state_interval_s": Range(0.0, 1e6, "s", plausible=60.0),
+})
+STATE_RANGES: Mapping[str, Range] = MappingProxyType({
+    "epoch": Range(0, _I64), "seq": Range(0, _I64),
+    "free_memory_bytes": Range(0, 1 << 60, "bytes"),
+    "battery_level": Range(0.0, 1.0),
+    "power_w": Range(0.0, 1e5, "W"),
+    "cpu_load": Range(0.0, 1e6),
+    "temperature_c": Range(-273.15, 1e4, "C"),
+    "uplink_bps": Range(0.0, 1e13, "bit/s"),  # 0: not measured yet
+    "rtt_s": Range(0.0, 3600.0, "s"),
+    "flwr_node_id": Range(0, (1 << 64) - 1),
+    "clock_skew_s": Range(-1e10, 1e10, "s"),  # a Pi without an RTC may start in 1970
+})
+PARTITION_RANGES: Mapping[str, Range] = MappingProxyType({
+    "version": Range(0, _I64), "replica": Range(0, _I64), "index": Range(0, _I64),
+    "p50_s": Range(0.0, 86400.0, "s"), "p99_s": Range(0.0, 86400.0, "s"),
+    "calib_s": Range(0.0, 86400.0, "s"),
+    "joules_per_inference": Range(0.0, 1e6, "J"),
+    "served": Range(0, _I64), "errors": Range(0, _I64),
+})
+
+
 # ---------------------------------------------------------------- records
-
-
-@message
-@dataclass(frozen=True, slots=True)
-class Taint(Record):
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-    def validate(self) -> None:
-        if self.effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-            raise RemoteViolation(f"unknown taint effect {self.effect!r}")
 
 
 @message
@@ -93,11 +131,15 @@ class PartitionStatus(Record):
     # one request's compute, timed on this device when the partition was loaded (its calibration):
     # the fog turns it into measured segment times for the device's class
     calib_s: float = 0.0
+    # the board's energy for one request, from its rails around a batch at load (energy_measured),
+    # else power_active_w x calib_s (COST_MODEL.md); 0.0: not known
+    joules_per_inference: float = 0.0
+    energy_measured: bool = False
 
     def validate(self) -> None:
         if self.health not in ("running", "loading", "failed"):
             raise RemoteViolation(f"unknown partition health {self.health!r}")
-        _check_nonneg(calib_s=self.calib_s)
+        check_ranges(self, PARTITION_RANGES)
 
 
 @message
@@ -110,6 +152,12 @@ class Hop(Record):
     version: int
     replica: int
     index: int
+    #: How this hop's output crosses the cut to the next hop (``runtime.activations``); "" = float32.
+    wire: str = ""
+
+    def validate(self) -> None:
+        if self.wire not in ("", "float32", "float16", "int8", "int8c"):
+            raise RemoteViolation(f"unknown activation wire {self.wire[:20]!r}")
 
 
 @message
@@ -127,37 +175,35 @@ class DeviceSummary(Record):
     fit_for_training: bool = False
     reason: str = ""
     flwr_node_id: int | None = None
+    cpu_load: float | None = None  # the device's last advert (None: not known); "idle" for selection
 
 
 # --------------------------------------------------------------- adverts
 
 
-@message
-@dataclass(frozen=True, slots=True)
-class DeviceBirth(Message):
-    """Full description of a device, sent once per connection (Sparkplug NBIRTH)."""
+@dataclass(frozen=True)
+class _BirthHead(Message):
+    """Who is born: the fields a birth puts before the device's resources (positional order)."""
 
-    KIND: ClassVar[str] = "dev.birth"
+    __slots__ = ()
     device_id: str
     epoch: int
     seq: int
     site: str
     public_key: bytes
-    flops: float
-    memory_bytes: int
-    uplink_bps: float
-    downlink_bps: float
-    rtt_s: float
-    power_active_w: float
-    power_idle_w: float
-    tx_j_per_byte: float = 0.0
-    rx_j_per_byte: float = 0.0
-    battery_capacity_wh: float | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
-    accelerators: tuple[str, ...] = ()
-    providers: tuple[str, ...] = ()
-    cpu_count: int = 1
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class DeviceBirth(DeviceResources, _BirthHead):
+    """Full description of a device, sent once per connection (Sparkplug NBIRTH).
+
+    Its resource fields (``flops`` ... ``cpu_count``) are those of ``runtime.devices.
+    DeviceResources``, inherited, so they stay flat on the wire and a new device field is a
+    birth field without a change here.
+    """
+
+    KIND: ClassVar[str] = "dev.birth"
     state_interval_s: float = 10.0
     simulated: bool = False
     agent_version: str = ""
@@ -166,14 +212,21 @@ class DeviceBirth(Message):
     session_key: bytes = b""
     fog_session_key: bytes = b""
 
+    def __post_init__(self) -> None:
+        # a message's types are exact (the decoder already makes wire ints floats): no coercion
+        Record.__post_init__(self)
+
     def validate(self) -> None:
         _check_id(self.device_id, "device_id")
-        _check_nonneg(epoch=self.epoch, seq=self.seq, flops=self.flops, memory_bytes=self.memory_bytes,
-                      uplink_bps=self.uplink_bps, downlink_bps=self.downlink_bps, rtt_s=self.rtt_s,
-                      power_active_w=self.power_active_w, power_idle_w=self.power_idle_w,
-                      state_interval_s=self.state_interval_s)
+        check_ranges(self, BIRTH_RANGES)
         if len(self.public_key) != 32:
             raise RemoteViolation("public_key must be 32 bytes (Ed25519)")
+
+    @classmethod
+    def of(cls, resources: DeviceResources, **birth: object) -> DeviceBirth:
+        """The birth advertising ``resources``; ``birth`` holds the other fields (id, epoch ...)
+        and may override resource fields (e.g. the operator's ``labels``)."""
+        return cls(**{**resources.resource_kwargs(), **birth})
 
 
 @message
@@ -203,9 +256,7 @@ class DeviceState(Message):
 
     def validate(self) -> None:
         _check_id(self.device_id, "device_id")
-        _check_nonneg(epoch=self.epoch, seq=self.seq, free_memory_bytes=self.free_memory_bytes)
-        if self.battery_level is not None and not 0.0 <= self.battery_level <= 1.0:
-            raise RemoteViolation(f"battery_level must be in [0, 1], got {self.battery_level}")
+        check_ranges(self, STATE_RANGES)
 
 
 @message

@@ -30,30 +30,22 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from .errors import LocalViolation
+from .net import parse_hostport  # one parser of addresses, re-exported for its callers
 
 __all__ = ["MqttClient", "Inbound", "Will", "TlsConfig", "PublishHandle", "parse_hostport", "tls_context"]
 
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 16 * 1024 * 1024
-
-
-def parse_hostport(text: str, default_port: int = 1883) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host:
-        return text, default_port
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ValueError(f"expected HOST:PORT, got {text!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +360,7 @@ class MqttClient:
         if disconnect:
             try:
                 self._client.disconnect()
-            except Exception:  # noqa: BLE001 - best effort on shutdown
+            except Exception:
                 log.debug("disconnect failed", exc_info=True)
         else:
             sock = self._client.socket()
@@ -516,7 +508,7 @@ class MqttClient:
                 handler = item[2]
                 if handler is not None:
                     handler(value)
-            except Exception:  # noqa: BLE001 - a bad handler must not kill the worker
+            except Exception:
                 self.counters.handler_errors += 1
                 log.exception("%s: handler failed for %s", self.client_id,
                               getattr(value, "topic", kind))

@@ -33,6 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .errors import LocalViolation
 from .files import atomic_write
+from .ids import id_problem, is_id
 from .mqtt import TlsConfig
 
 __all__ = ["SiteCA", "TlsBundle", "cert_identity", "fingerprint_of", "make_key_and_csr", "write_private"]
@@ -49,11 +50,11 @@ def _now() -> datetime.datetime:
 def write_private(path: Path, data: bytes) -> None:
     """Write a secret readable by the owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, data, mode=0o600)
+    atomic_write(path, data, mode=0o600, sync_dir=True)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    atomic_write(path, data)
+    atomic_write(path, data, sync_dir=True)  # the CRL among them: a crash never leaves an old one
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -110,7 +111,7 @@ class TlsBundle:
         return TlsConfig(self.ca_file, self.cert_file, self.key_file, server_hostname)
 
     @classmethod
-    def load(cls, directory: str | Path) -> "TlsBundle":
+    def load(cls, directory: str | Path) -> TlsBundle:
         d = Path(directory)
         for f in ("ca.pem", "cert.pem", "key.pem"):
             if not (d / f).is_file():
@@ -119,8 +120,10 @@ class TlsBundle:
 
 
 def _check_cn(name: str) -> None:
-    if not name or any(c in name for c in "/+#\x00 ") or len(name) > 64:
-        raise LocalViolation(f"invalid certificate name {name!r}")
+    """A client certificate's CN is its MQTT username, client id and ACL name: the id grammar."""
+    problem = id_problem(name, "certificate name")
+    if problem:
+        raise LocalViolation(problem)
 
 
 class SiteCA:
@@ -134,7 +137,7 @@ class SiteCA:
         self.fingerprint = hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
 
     @classmethod
-    def load_or_create(cls, directory: str | Path, site: str) -> "SiteCA":
+    def load_or_create(cls, directory: str | Path, site: str) -> SiteCA:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
@@ -254,7 +257,8 @@ class SiteCA:
             except (ValueError, x509.ExtensionNotFound):
                 pass
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = self._leaf(hosts[0] if hosts else "fogline-broker", "broker", key.public_key(), server=True,
+        cn = next((h for h in hosts if is_id(h)), "fogline-broker")  # SANs may be names of no id grammar
+        cert = self._leaf(cn, "broker", key.public_key(), server=True,
                           hosts=hosts, ips=ips)
         write_private(key_path, _key_pem(key))
         _write_public(cert_path, _pem(cert))

@@ -19,9 +19,10 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -32,8 +33,8 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from . import codec
-from .files import atomic_write
 from .errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
+from .files import atomic_write
 from .messages import Envelope, Message
 
 __all__ = [
@@ -83,7 +84,7 @@ def fingerprint(public_key: bytes) -> str:
 class Identity:
     """A named Ed25519 key pair."""
 
-    __slots__ = ("name", "_key", "public_key_bytes")
+    __slots__ = ("_key", "name", "public_key_bytes")
 
     def __init__(self, name: str, key: Ed25519PrivateKey) -> None:
         self.name = name
@@ -92,11 +93,11 @@ class Identity:
             serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
     @classmethod
-    def generate(cls, name: str) -> "Identity":
+    def generate(cls, name: str) -> Identity:
         return cls(name, Ed25519PrivateKey.generate())
 
     @classmethod
-    def from_seed(cls, name: str, seed: bytes) -> "Identity":
+    def from_seed(cls, name: str, seed: bytes) -> Identity:
         """Deterministic identity from a 32-byte seed (simulations and tests)."""
         return cls(name, Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed).digest()))
 
@@ -116,7 +117,7 @@ class Identity:
         atomic_write(path, pem, mode=0o600)
 
     @classmethod
-    def load(cls, name: str, path: str | Path) -> "Identity":
+    def load(cls, name: str, path: str | Path) -> Identity:
         path = Path(path)
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
@@ -127,7 +128,7 @@ class Identity:
         return cls(name, key)
 
     @classmethod
-    def load_or_create(cls, name: str, path: str | Path) -> "Identity":
+    def load_or_create(cls, name: str, path: str | Path) -> Identity:
         path = Path(path)
         if path.exists():
             return cls.load(name, path)
@@ -143,7 +144,7 @@ def _envelope_bytes(sender: str, epoch: int, seq: int, timestamp: float, payload
 class Signer:
     """Seals messages of one connection: fixed (sender, epoch), increasing seq."""
 
-    __slots__ = ("identity", "epoch", "seq")
+    __slots__ = ("epoch", "identity", "seq")
 
     def __init__(self, identity: Identity, epoch: int, seq: int = 0) -> None:
         self.identity = identity
@@ -534,7 +535,7 @@ class ArtifactSignature:
                 "metadata": dict(self.metadata)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ArtifactSignature":
+    def from_dict(cls, d: Mapping[str, Any]) -> ArtifactSignature:
         try:
             return cls(str(d["sha256"]), str(d["signer"]), bytes.fromhex(d["signature"]),
                        dict(d.get("metadata", {})))

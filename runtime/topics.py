@@ -1,14 +1,16 @@
 """The MQTT topic namespace, modelled on Sparkplug B (see docs/protocol.md).
 
 One module builds and parses every topic so no package writes its own
-string formatting. Layout: ``fogline/v1/{site}/...``; device ids and site
-names never contain ``/``, ``+`` or ``#`` (messages check that).
+string formatting. Layout: ``fogline/v1/{site}/...``; every site name, device
+id and client id in a topic is an identifier of ``runtime.ids`` (checked here, in
+both directions), so a topic level never holds ``/``, ``+``, ``#`` or a newline.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .errors import RemoteViolation
+from .ids import check_id, is_id
 
 __all__ = ["ROOT", "Topics", "ParsedTopic", "parse"]
 
@@ -34,6 +36,9 @@ class Topics:
     """Topic names of one site."""
 
     site: str
+
+    def __post_init__(self) -> None:
+        check_id(self.site, "site name")
 
     @property
     def base(self) -> str:
@@ -66,16 +71,21 @@ class Topics:
 
     # devices
     def device(self, device_id: str, leaf: str) -> str:
-        return f"{self.base}/dev/{device_id}/{leaf}"
+        return f"{self.base}/dev/{_level(device_id, 'device id', '+')}/{leaf}"
 
     def device_prefix(self, device_id: str) -> str:
-        return f"{self.base}/dev/{device_id}/#"
+        return f"{self.base}/dev/{_level(device_id, 'device id', '+')}/#"
 
     def all_devices(self, leaf: str) -> str:
         return f"{self.base}/dev/+/{leaf}"
 
     def reply(self, client_id: str) -> str:
-        return f"{self.base}/reply/{client_id}"
+        return f"{self.base}/reply/{_level(client_id, 'client id', '+', '#')}"
+
+
+def _level(value: str, what: str, *wildcards: str) -> str:
+    """An id as a topic level; a whole-level wildcard too when the builder may make a filter."""
+    return value if value in wildcards else check_id(value, what)
 
 
 def parse(topic: str) -> ParsedTopic:
@@ -86,6 +96,8 @@ def parse(topic: str) -> ParsedTopic:
     if any(not p or "+" in p or "#" in p or "\x00" in p for p in parts[2:]):
         raise RemoteViolation(f"empty or wildcard topic level: {topic[:80]!r}")
     site, scope = parts[2], parts[3]
+    if not is_id(site) or (scope in ("dev", "reply") and not is_id(parts[4])):
+        raise RemoteViolation(f"site or id outside the id grammar: {topic[:80]!r}")
     if scope == "dev" and len(parts) == 6 and parts[5] in DEVICE_LEAVES:
         return ParsedTopic(site, scope, parts[4], parts[5])
     if scope in ("fog", "cloud") and len(parts) == 5:

@@ -5,7 +5,7 @@ For tests and benchmarks that need devices of chosen memory and speed
 (``edge_agent.runner.make_agent`` with a ``DeviceProfile``); each data dir is
 enrolled with the spec's bootstrap token first, exactly as ``fogline agent
 --token`` does. SPEC is JSON: ``{"agents": [{"id", "memory", "flops"?,
-"labels"?}], "dir", "port", "enroll", "token", "interval"?}``. Start it with
+"labels"?, "link_bps"?, "model_compute"?}], "dir", "port", "enroll", "token", "interval"?}``. Start it with
 ``LocalSite.spawn_agents``. SIGTERM stops the agents cleanly.
 """
 from __future__ import annotations
@@ -39,12 +39,14 @@ def main(argv: list[str]) -> int:
     agents = []
     for a in spec["agents"]:
         fog_key, tls, site = enrolled_settings(base / a["id"])
-        prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"], uplink_bps=1e8,
-                             downlink_bps=1e8, rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
+        link = a.get("link_bps", 1e8)  # advertised up- and downlink (the cost model's links)
+        prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"], uplink_bps=link,
+                             downlink_bps=link, rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
                              labels=a.get("labels", {}))
         cfg = AgentConfig(device_id=a["id"], data_dir=base / a["id"], host="127.0.0.1", port=spec["port"], site=site,
                           labels=a.get("labels", {}), fog_key=fog_key, tls=tls,
-                          state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1)
+                          state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1,
+                          model_compute=bool(a.get("model_compute", False)))
         agents.append(make_agent(cfg, profile=prof).start())
     print("agents-started", flush=True)
     while not stop.wait(0.5):

@@ -77,10 +77,13 @@ def _simulate_sites(args: argparse.Namespace, scenario: Any) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from runtime import cliargs as ca
+
     sim = subparsers.add_parser("simulate", help="run a scenario on the discrete-event engine (pure cores)")
     sim.add_argument("scenario", help="a scenario TOML file or a built-in name (site-200, city-10k, hundred-sites)")
-    sim.add_argument("--duration", type=float, default=None, help="override the simulated seconds")
-    sim.add_argument("--sites", type=int, default=None,
+    sim.add_argument("--duration", type=ca.float_range(0, 10 * 365 * 86400.0, lo_open=True), default=None,
+                     help="override the simulated seconds")
+    sim.add_argument("--sites", type=ca.int_range(1, 100_000), default=None,
                      help="override the number of sites of a multi-site scenario ([sites] table)")
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_simulate)
@@ -91,33 +94,57 @@ def _demo(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from .demo import DemoConfig, run_demo
+    from runtime.cliargs import checked, writable_dir
+
+    from .demo import DemoConfig, failure_line, run_demo, write_report
     from .report import print_report, write_plots
 
-    out = Path(args.out) if args.out else Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else checked(writable_dir, "--out (default)",
+                                                    str(Path("out") / "demo" / time.strftime("%Y%m%d-%H%M%S")))
     cfg = DemoConfig(out=out, agents=args.agents, requests=args.requests, rounds=args.rounds, rule=args.rule)
-    result = run_demo(cfg, quiet=args.json)
-    (out / "report.json").write_text(json.dumps(result, indent=1, default=str))
+    result = run_demo(cfg, quiet=args.json)  # a failed step is in the result, not raised: report it too
     try:
         plots = write_plots(result, out)
     except Exception as exc:  # noqa: BLE001 - a plot failure must not hide the report
         plots = []
         print(f"warning: plots not written: {exc}", file=sys.stderr)
+    result["plots"] = [str(p) for p in plots]
+    report = write_report(out, result)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1, default=str))
     else:
         print_report(result)
-        print(f"report: {out / 'report.json'}; plots: " + ", ".join(str(p) for p in plots))
+        print(f"report: {report}; plots: " + (", ".join(str(p) for p in plots) or "none"))
+    failed = failure_line(result)
+    if failed is not None:  # the last line: which step, why, where the logs and the partial report are
+        print(f"error: {failed}; report (incomplete): {report}", file=sys.stderr)
+        return 130 if result.get("interrupted") else 1
     return 0 if result.get("ok") else 1
 
 
+def _check_rule(name: str) -> None:
+    from pathlib import Path
+
+    from cloud_coordinator.aggregation import get_rule
+
+    from .demo import DemoConfig
+
+    # an unknown name raises (a ValueError) naming the choices
+    get_rule(name, DemoConfig(out=Path()).byzantine)
+
+
 def register_demo(sub: argparse._SubParsersAction) -> None:
+    from runtime import cliargs as ca
+
     d = sub.add_parser("demo", help="run the whole system end to end on this machine, with faults, and report")
-    d.add_argument("--out", default=None, help="output directory (default out/demo/TIMESTAMP)")
-    d.add_argument("--agents", type=int, default=14,
-                   help="agents of both sites together: 8 at the canary store-1, the rest at store-2")
-    d.add_argument("--requests", type=int, default=200, help="checked requests per site")
-    d.add_argument("--rounds", type=int, default=5)
-    d.add_argument("--rule", default="centered_clipping", help="aggregation rule for the federated rounds")
+    d.add_argument("--out", default=None, type=ca.writable_dir,
+                   help="output directory (default out/demo/TIMESTAMP)")
+    d.add_argument("--agents", type=ca.int_range(11, 200), default=14,
+                   help="agents of both sites together (11-200): 8 at the canary store-1, the rest at store-2")
+    d.add_argument("--requests", type=ca.int_range(1, 1_000_000), default=200, help="checked requests per site")
+    d.add_argument("--rounds", type=ca.int_range(2, 1000), default=5,
+                   help="federated rounds (at least 2: the coordinator is killed after one and resumes)")
+    d.add_argument("--rule", default="centered_clipping", type=ca.known_name(_check_rule, "aggregation rule"),
+                   help="aggregation rule for the federated rounds (e.g. trimmed_mean, nnm+centered_clipping)")
     d.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     d.set_defaults(func=_demo)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from runtime import children
 from runtime.broker import free_port
 
 from .local_site import LocalSite
 
-__all__ = ["SITES", "DemoConfig", "run_demo", "site_sizes"]
+__all__ = ["SITES", "STEPS", "Budgets", "DemoConfig", "run_demo", "site_sizes", "failure_line", "write_report"]
 
 PROFILE_MIX = ("pi4", "pi5", "orin-nano", "pi4", "x86-gateway", "pi5", "jetson-nano", "pi4", "camera", "pi5",
                "orin-nano", "pi4")
@@ -40,6 +42,10 @@ SITES = ("store-1", "store-2")  # the first one is the canary of every release r
 CANARY = SITES[0]
 RELEASE = "digits-cnn"
 REPO = Path(__file__).resolve().parents[1]
+# the demo's steps, in order (the report names the one that failed by these)
+STEPS = ("sites", "agents", "deploy", "serve", "re-place", "federated", "rollout")
+FAIL_AT_ENV = "FOGLINE_DEMO_FAIL_AT"  # a step name or number: fail there (tests of the failure path)
+DEMO_REPORT = "report.json"  # OUT/report.json: written at each step, and in full at the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,51 @@ class DemoConfig:
     rule: str = "centered_clipping"
     rate: float = 40.0  # requests per second, per site
     seed: int = 7
+
+
+ROUND_TIMEOUT_S = 90.0    # the coordinator's --round-timeout: a round waits this long for its quorum
+ROLLOUT_WAIT_S = 120.0    # the coordinator's --rollout-wait: after the last round, for the staged rollout
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Upper bounds of the demo's waits, derived from the work each one waits for (agents to enrol,
+    rounds to train, a rollout to finish). They only catch a hang: a child that dies ends a wait at
+    once with its reason, so bounds generous enough for a machine under heavy load cost nothing."""
+
+    fog_start_s: float     # the fog brokers (each with its mosquitto, CA and keys) up, started together
+    join_s: float          # every agent enrolled and alive (enrolments are serialised at each fog)
+    running_s: float       # a deployed workload running on all its replicas
+    superlink_s: float     # the coordinator's SuperLink up with every SuperNode key registered
+    round_s: float         # one round, before any was measured: the coordinator's own round timeout
+    restart_s: float       # a coordinator restarted after kill -9 back to training
+    release_s: float       # a release listed / served at a site once the coordinator has it
+
+    @classmethod
+    def of(cls, cfg: DemoConfig) -> Budgets:
+        return cls(fog_start_s=60.0 * len(SITES), join_s=30.0 + 5.0 * cfg.agents, running_s=60.0 + 2.0 * cfg.agents,
+                   superlink_s=30.0 + 12.0 * cfg.fl_nodes, round_s=ROUND_TIMEOUT_S + 15.0,
+                   restart_s=30.0 + 12.0 * cfg.fl_nodes, release_s=ROLLOUT_WAIT_S + 30.0)
+
+    def rounds(self, n: int, measured_round_s: float | None = None) -> float:
+        """``n`` rounds: the coordinator's round timeout each, or 3x a round as measured in this run
+        when that is longer (a machine that slow keeps being that slow)."""
+        per = max(self.round_s, 3.0 * measured_round_s) if measured_round_s else self.round_s
+        return n * per
+
+    def finish(self, rounds_left: int, measured_round_s: float | None = None) -> float:
+        """A restarted coordinator: start, the rounds left (one more if the killed one is repeated),
+        then its wait for the staged rollout."""
+        return self.restart_s + self.rounds(rounds_left + 1, measured_round_s) + ROLLOUT_WAIT_S
+
+    def total(self, cfg: DemoConfig) -> float:
+        """The whole demo at most (each wait at its bound, plus the requests at ``cfg.rate``): what a
+        caller that runs the demo (a test) may wait before calling it hung."""
+        kill_after = min(2, cfg.rounds - 1)
+        serve = 2 * cfg.requests / cfg.rate + 60.0
+        return (self.fog_start_s + self.join_s + 2 * self.running_s + serve + self.running_s + self.superlink_s
+                + 60.0 + self.rounds(kill_after) + self.finish(cfg.rounds - kill_after)
+                + 3 * self.release_s + self.running_s)
 
 
 def site_sizes(agents: int) -> tuple[int, int]:
@@ -71,17 +122,60 @@ class Processes:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # watched only (each stops its own): name -> (process, its log); a fog broker is a LocalSite
+        self.others: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.fatal: dict[str, Path] = {}      # name -> the fatal.json it writes when it gives up
+        self.started: dict[str, float] = {}   # name -> wall clock at start (a fatal.json older is stale)
+        self.killed: set[str] = set()         # killed on purpose by the demo: not a failure
         logs.mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-        log.close()
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *,
+              fatal: Path | None = None) -> subprocess.Popen[bytes]:
+        proc = children.spawn(argv, log=self.logs / f"{name}.log", env=env)
         self.procs[name] = proc
+        self.started[name] = time.time()
+        self.killed.discard(name)
+        if fatal is not None:
+            self.fatal[name] = fatal
         return proc
 
+    def watch(self, name: str, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
+        if proc is not None:
+            self.others[name] = (proc, log)
+
+    def reason(self, name: str) -> str:
+        """Why ``name`` stopped, in its own words: its fatal.json (if written since it started),
+        else the last error line of its log."""
+        fatal = self.fatal.get(name)
+        if fatal is not None:
+            try:
+                doc = json.loads(fatal.read_text())
+                if isinstance(doc, dict) and float(doc.get("at", 0)) >= self.started.get(name, 0) - 1:
+                    return _one_line(f"{doc.get('error', 'stopped')} ({fatal})")
+            except (OSError, ValueError, TypeError):
+                pass
+        log = self.others[name][1] if name in self.others else self.logs / f"{name}.log"
+        return last_error_line(log)
+
+    def check(self, *names: str) -> None:
+        """Raise ``ChildDied`` if one of ``names`` (``prefix*`` for a group) has exited, unless the
+        demo killed it on purpose; the message names the child, how it ended, its reason and log."""
+        # the fogs first: an agent that exits because its fog died is not the news
+        procs = {**{n: p for n, (p, _) in self.others.items()}, **self.procs}
+        for name, proc in procs.items():
+            if name in self.killed or not any(name == n or (n.endswith("*") and name.startswith(n[:-1]))
+                                              for n in names):
+                continue
+            code = proc.poll()
+            if code is not None:
+                log = self.others[name][1] if name in self.others else self.logs / f"{name}.log"
+                raise ChildDied(f"{name} exited ({_exit_text(code)}): {self.reason(name)} [log {log}]")
+
+    def watching(self, *names: str) -> Callable[[], None]:
+        return lambda: self.check(*names)
+
     def kill9(self, name: str) -> None:
+        self.killed.add(name)
         proc = self.procs[name]
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -137,19 +231,72 @@ def _reap(work: Path, grace_s: float = 3.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def _wait(what: str, cond: Callable[[], Any], timeout: float, poll: float = 0.2) -> Any:
+def _wait(what: str, cond: Callable[[], Any], timeout: float, poll: float = 0.2,
+          watch: Callable[[], None] | None = None) -> Any:
+    """Poll ``cond`` until truthy. ``watch`` raises (``ChildDied``) when a child the condition depends
+    on has exited: the wait then stops at once with that child's reason instead of timing out."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
-    while time.monotonic() < deadline:
+    while True:
+        past = time.monotonic() >= deadline
         try:
             value = cond()
             if value:
                 return value
         except Exception as exc:  # noqa: BLE001 - a process still starting answers with errors
             last_exc = exc
-        time.sleep(poll)
+        if watch is not None:
+            try:
+                watch()
+            except ChildDied:
+                try:  # the child may have finished its work and exited just now
+                    if value := cond():
+                        return value
+                except Exception:
+                    pass
+                raise
+        if past:
+            break
+        time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
     raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}"
                        + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+class ChildDied(RuntimeError):
+    """A child process the demo was waiting on exited; the message carries its own reason."""
+
+
+def last_error_line(log: Path, max_bytes: int = 64_000) -> str:
+    """The line of ``log`` that says why its process stopped: the last one naming an error (a
+    traceback's exception line, an ``error:`` line), else the last non-empty one."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError as exc:
+        return f"(no log: {exc.strerror or exc})"
+    for line in reversed(lines):
+        if _ERRORISH.search(line):
+            return _one_line(line)
+    return _one_line(lines[-1]) if lines else "(empty log)"
+
+
+_ERRORISH = re.compile(r"error|exception|fatal|critical|traceback|refused|denied|cannot|failed", re.IGNORECASE)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " | ".join(part.strip() for part in str(text).splitlines() if part.strip())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 class Reporter:
@@ -159,6 +306,7 @@ class Reporter:
         self.quiet = quiet
         self.t0 = time.monotonic()
         self.steps: list[dict[str, Any]] = []
+        self.on_step: Callable[[], object] | None = None
         try:
             from rich.console import Console
 
@@ -175,9 +323,34 @@ class Reporter:
         else:
             print(f"{stamp} {text}", file=sys.stderr)
 
-    def step(self, title: str) -> None:
-        self.steps.append({"step": title, "at_s": round(time.monotonic() - self.t0, 2)})
-        self.say(f"[bold cyan]==> {title}[/bold cyan]" if self.console else f"==> {title}")
+    def step(self, name: str, title: str) -> None:
+        """Step ``name`` (one of ``STEPS``) begins: the one before is done; the partial report is
+        written now, so even a demo killed with SIGKILL leaves one naming the step it was in."""
+        now = round(time.monotonic() - self.t0, 2)
+        self.finish(now)
+        n = STEPS.index(name) + 1
+        self.steps.append({"n": n, "name": name, "step": title, "at_s": now, "status": "running"})
+        self.say(f"[bold cyan]==> {n}/{len(STEPS)} {title}[/bold cyan]" if self.console
+                 else f"==> {n}/{len(STEPS)} {title}")
+        if self.on_step is not None:
+            self.on_step()
+        want = os.environ.get(FAIL_AT_ENV, "")
+        if want in (name, str(n)):
+            raise RuntimeError(f"failure injected at step {n} ({FAIL_AT_ENV}={want})")
+
+    def finish(self, now: float | None = None) -> None:
+        """The running step (if any) is done."""
+        if self.steps and self.steps[-1]["status"] == "running":
+            now = round(time.monotonic() - self.t0, 2) if now is None else now
+            self.steps[-1].update(status="done", took_s=round(now - self.steps[-1]["at_s"], 2))
+
+    def fail(self, error: str) -> dict[str, Any]:
+        """The running step failed with ``error`` (one line); returns that step's record."""
+        if not self.steps or self.steps[-1]["status"] != "running":
+            self.steps.append({"n": 0, "name": "setup", "step": "set up", "at_s": 0.0, "status": "running"})
+        self.steps[-1].update(status="failed", error=error,
+                              took_s=round(time.monotonic() - self.t0 - self.steps[-1]["at_s"], 2))
+        return self.steps[-1]
 
 
 def _python() -> list[str]:
@@ -326,17 +499,24 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     fogs: dict[str, LocalSite] = {}
     watch: RolloutWatch | None = None
     background = ThreadPoolExecutor(2, thread_name_prefix="demo-background")
+    result["logs"] = str(procs.logs)
+    budgets = Budgets.of(cfg)
+    rep.on_step = lambda: write_report(work, {**result, "steps": rep.steps, "incomplete": True,
+                                              "status": "running", "elapsed_s": round(time.monotonic() - rep.t0, 1)})
+    old_term = _on_sigterm()
     try:
         sizes = site_sizes(cfg.agents)
         # 1. two fog brokers, each with its own CA, data dir, port and mosquitto ----------
-        rep.step(f"start {len(SITES)} sites ({', '.join(SITES)}; canary {CANARY}): a fog broker each with its "
+        rep.step("sites", f"start {len(SITES)} sites ({', '.join(SITES)}; canary {CANARY}): a fog broker each with its "
                  "own site CA, mosquitto with TLS + client certificates + ACL, zeroconf")
         fogs.update({name: LocalSite(work / f"fog-{name}", site=name, env=env,
                                      log=work / "logs" / f"fog-{name}.log", zeroconf=True,
                                      args=["--state-interval", "2", "--summary-interval", "2"])
                      for name in SITES})
         with ThreadPoolExecutor(len(fogs)) as pool:  # both start at once; each waits for its ready line
-            started = list(pool.map(lambda f: f.start(), fogs.values()))
+            started = list(pool.map(lambda f: f.start(timeout=budgets.fog_start_s), fogs.values()))
+        for name, fog in fogs.items():  # every wait from now on stops early if a fog broker dies
+            procs.watch(f"fog-{name}", fog.proc, fog.log)
         n = 0
         for (name, fog), size in zip(fogs.items(), sizes):
             ids = [f"dev-{n + j:02d}" for j in range(size)]
@@ -359,7 +539,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                                        "devices": list(s.devices), "faults": []}
 
         # 2. agents, discovered by zeroconf by site name, enrolled with their site's token ---
-        rep.step(f"start {cfg.agents} simulated edge agents ({', '.join(f'{len(s.devices)} at {s.name}' for s in sites.values())}"
+        per_site = ", ".join(f"{len(s.devices)} at {s.name}" for s in sites.values())
+        rep.step("agents", f"start {cfg.agents} simulated edge agents ({per_site}"
                  "); each finds its site's fog by mDNS (by site name) and enrols with that site's bootstrap token "
                  "(fogline token create --uses N --auto-approve)")
         i = 0
@@ -375,7 +556,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                 procs.start(did, argvs[did], env)
                 i += 1
         result["devices"] = []
-        result["agent_restarts"] = _wait_alive(sites, procs, argvs, env, rep, work / "logs")
+        result["agent_restarts"] = _wait_alive(sites, procs, argvs, env, rep, work / "logs",
+                                               timeout=budgets.join_s)
         for s in sites.values():
             devs = s.client.status()["devices"]
             got = sorted(d["id"] for d in devs)
@@ -385,7 +567,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
             rep.say(f"{s.name}: {len(devs)} devices alive: " + ", ".join(got))
 
         # 3. deploy the residual CNN at both sites -----------------------------------------
-        rep.step("deploy the residual CNN at both sites: 3 partitions, 2 replicas on different power domains (gang)")
+        rep.step("deploy", "deploy the residual CNN at both sites: 3 partitions, 2 replicas on different "
+                 "power domains (gang)")
         t_deploy = time.monotonic()
         wls: dict[str, dict[str, Any]] = {}
         for s in sites.values():
@@ -394,7 +577,9 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                              "source": s.source, "sink": s.sink, "selectors": {}, "tolerations": [],
                              "model": "zoo:resnet", "min_partitions": 3, "max_partitions": 3})
         for s in sites.values():
-            wls[s.name] = s.client.wait_running("resnet", timeout=90)
+            wls[s.name] = _wait(f"workload resnet running at {s.name}", partial(_running, s.client, "resnet"),
+                                budgets.running_s,
+                                watch=procs.watching("fog-*", "dev-*"))
             result["sites"][s.name]["placement"] = wls[s.name]["placement"]
             for r in wls[s.name]["placement"]:
                 chain = " -> ".join(f"p{p['index']}{p['segments']}@{p['device']}" for p in r["partitions"])
@@ -412,7 +597,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         # rounds); their SuperNode keys are made and authorized meanwhile
         trainers = _trainers(cfg, sites, {victim})
         supernode_keys = background.submit(_supernode_keys, work, env, trainers)
-        rep.step(f"serve {cfg.requests} requests at each site, checked against the monolithic model; kill -9 "
+        rep.step("serve", f"serve {cfg.requests} requests at each site, checked against the monolithic model; kill -9 "
                  f"{victim} at {CANARY} midway")
         rng = np.random.default_rng(cfg.seed)
         x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
@@ -431,7 +616,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
 
         with ThreadPoolExecutor(len(sites)) as pool:
             futs = {s.name: pool.submit(_serve, cfg, s, rep, x, ref, in_name,
-                                        kill if s.name == CANARY else None) for s in sites.values()}
+                                        kill if s.name == CANARY else None, procs.watching(f"fog-{s.name}"))
+                    for s in sites.values()}
             served = {name: f.result() for name, f in futs.items()}
         result["timeline"] = []
         for name, (stats, timeline) in served.items():
@@ -444,8 +630,10 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                 st[key] for st, _ in served.values())
         result["max_abs_diff"] = max(st["max_abs_diff"] for st, _ in served.values())
 
-        rep.step(f"wait for the lost partition to be re-placed at {CANARY} (replica count restored)")
-        wl = canary.client.wait_running("resnet", timeout=60)
+        rep.step("re-place", f"wait for the lost partition to be re-placed at {CANARY} (replica count restored)")
+        wl = _wait(f"workload resnet running again at {CANARY}", partial(_running, canary.client, "resnet"),
+                   budgets.running_s,
+                   watch=procs.watching(f"fog-{CANARY}"))
         restored = time.monotonic() - kill_at[0]
         result["placement_after"] = wl["placement"]
         result["sites"][CANARY]["placement_after"] = wl["placement"]
@@ -461,12 +649,13 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                               for s in sites.values()}, rep.t0, RELEASE).start()
         # torch and the held-out digits load while the rounds run (the demo only waits then)
         preload = background.submit(_load_task)
-        fl = _federated(cfg, work, procs, env, rep, sites, watch, result, trainers=trainers,
+        fl = _federated(cfg, work, procs, env, rep, sites, watch, result, budgets, trainers=trainers,
                         supernode_keys=supernode_keys, creds={n: f.result() for n, f in creds.items()})
         counters.update(fl)
 
         # 6. the released model reaches both sites, canary first -------------------------
-        counters["release_predictions_agree"] = _release(cfg, work, sites, watch, rep, result, preload)
+        counters["release_predictions_agree"] = _release(cfg, work, sites, watch, rep, result, preload,
+                                                         fogs_alive=procs.watching("fog-*"), budgets=budgets)
 
         counters["faults_injected"] = len(result["faults"])
         counters["recoveries"] = len(result["recoveries"])
@@ -484,7 +673,20 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                         and counters.get("rounds_completed", 0) >= cfg.rounds
                         and result.get("release", {}).get("agreement") == 1.0
                         and bool(result.get("rollout", {}).get("canary_first")))
+        rep.finish()
+    except (Exception, KeyboardInterrupt) as exc:
+        result["ok"] = False
+        result["failed_step"] = rep.fail(_failure_reason(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            result["interrupted"] = str(exc) or "SIGINT"
+        if not isinstance(exc, (ChildDied, TimeoutError, KeyboardInterrupt)):  # unexpected: keep the trace
+            import traceback
+
+            with open(procs.logs / "demo.log", "a") as f:
+                f.write("".join(traceback.format_exception(exc)))
     finally:
+        _restore_sigterm(old_term)
+        rep.say("stopping every process of the demo" + (" after the failure" if result.get("failed_step") else ""))
         background.shutdown(wait=False, cancel_futures=True)
         if watch is not None:
             watch.stop()
@@ -500,7 +702,63 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         _reap(work)
         result["elapsed_s"] = round(time.monotonic() - rep.t0, 1)
         result["steps"] = rep.steps
+        done = [st["name"] for st in rep.steps if st["status"] == "done"]
+        result["incomplete"] = done != list(STEPS)
+        result["status"] = "failed" if result.get("failed_step") else "done"
     return result
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the demo: it stops like on Ctrl-C (cleanup, then the partial report)."""
+
+
+def _on_sigterm() -> Any:
+    """SIGTERM raises ``Terminated`` in the main thread (elsewhere signals cannot be set: left alone)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated("SIGTERM")
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(old: Any) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, old)
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted ({exc or 'SIGINT'})"
+    if isinstance(exc, (ChildDied, TimeoutError)):
+        return _one_line(str(exc), 500)
+    return _one_line(f"{type(exc).__name__}: {exc}", 500)
+
+
+def write_report(out: Path, result: dict[str, Any]) -> Path:
+    """``OUT/report.json``, atomically (a reader never sees half of one)."""
+    from runtime.files import atomic_write
+
+    path = out / DEMO_REPORT
+    atomic_write(path, json.dumps(result, indent=1, default=str))
+    return path
+
+
+def failure_line(result: dict[str, Any]) -> str | None:
+    """The one line a failed demo ends with: the step, why, and where its logs and report are."""
+    step = result.get("failed_step")
+    if not step:
+        return None
+    where = f"step {step['n']}/{len(STEPS)} ({step['name']})" if step.get("n") else "set-up"
+    return f"demo failed at {where}: {step.get('error')}; logs: {result.get('logs')}"
+
+
+def _running(client: Any, name: str) -> dict[str, Any] | None:
+    """Workload ``name`` when all its replicas are healthy (as the fog client's ``wait_running``)."""
+    for w in client.status(limit=0)["workloads"]:
+        if w["name"] == name and w["healthy_replicas"] >= w["replicas"]:
+            return dict(w)
+    return None
 
 
 def _wait_alive(sites: dict[str, DemoSite], procs: Processes, argvs: dict[str, list[str]], env: dict[str, str],
@@ -513,6 +771,7 @@ def _wait_alive(sites: dict[str, DemoSite], procs: Processes, argvs: dict[str, l
     restarted: list[str] = []
     missing: set[str] = set()
     while time.monotonic() - t0 < timeout:
+        procs.check("fog-*", "dev-*")  # an agent or a fog that died will not join: say why now
         missing = set()
         for s in sites.values():
             try:
@@ -540,8 +799,10 @@ def _wait_alive(sites: dict[str, DemoSite], procs: Processes, argvs: dict[str, l
 
 
 def _serve(cfg: DemoConfig, site: DemoSite, rep: Reporter, x: np.ndarray, ref: dict[str, np.ndarray],
-           in_name: str, kill: Callable[[str], None] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """An open-loop client at ``cfg.rate`` req/s against one site; ``kill`` runs at the midpoint."""
+           in_name: str, kill: Callable[[str], None] | None,
+           watch: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An open-loop client at ``cfg.rate`` req/s against one site; ``kill`` runs at the midpoint.
+    ``watch`` raises when the site's fog is gone (no point sending the rest into the void)."""
     timeline: list[dict[str, Any]] = []
     sent = answered = errors = lost = mismatched = 0
     max_diff = 0.0
@@ -553,6 +814,7 @@ def _serve(cfg: DemoConfig, site: DemoSite, rep: Reporter, x: np.ndarray, ref: d
         time.sleep(max(0.0, next_send - time.monotonic()))
         if kill is not None and i == cfg.requests // 2:
             kill(site.name)
+        watch()
         sent += 1
         t0 = time.monotonic()
         try:
@@ -625,19 +887,21 @@ def _follow(sites: dict[str, DemoSite], watch: RolloutWatch, rep: Reporter, depl
 
 
 def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str], rep: Reporter,
-               sites: dict[str, DemoSite], watch: RolloutWatch, result: dict[str, Any], *,
+               sites: dict[str, DemoSite], watch: RolloutWatch, result: dict[str, Any], budgets: Budgets, *,
                trainers: list[tuple[str, str]], supernode_keys: Future[dict[str, Path]],
                creds: dict[str, Path]) -> dict[str, Any]:
     """The PyTorch CNN app (examples/pytorch) trained by authenticated SuperNodes on devices of both
     sites, robust rounds, a kill -9 of the coordinator and a resume; the coordinator is connected to
     both sites and rolls each signed release out staged (canary first, checked, then store-2)."""
     from cloud_coordinator.launcher import READY_FILE, TLS_DIR
+    from cloud_coordinator.settings import FATAL_FILE
     from cloud_coordinator.store import REPORT_FILE, CheckpointStore
     from runtime.security import Identity
 
-    rep.step(f"federated training of the CNN app (examples/pytorch): {cfg.rounds} robust rounds, {cfg.fl_nodes} "
-             f"authenticated Flower SuperNodes ({', '.join(f'{d}@{s}' for s, d in trainers)}), {cfg.byzantine} "
-             f"Byzantine (sign-flip); one coordinator for {len(sites)} sites, releases rolled out canary first")
+    rep.step("federated", f"federated training of the CNN app (examples/pytorch): {cfg.rounds} robust rounds, "
+             f"{cfg.fl_nodes} authenticated Flower SuperNodes ({', '.join(f'{d}@{s}' for s, d in trainers)}), "
+             f"{cfg.byzantine} Byzantine (sign-flip); one coordinator for {len(sites)} sites, releases rolled "
+             "out canary first")
     superlink = free_port()
     ckpt, replica = work / "ckpt", work / "ckpt-replica"
     fogline = _python() + ["runtime.cli"]
@@ -654,12 +918,16 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
                       "--rule", cfg.rule, "--f", str(cfg.byzantine), "--seed", str(cfg.seed),
                       "--checkpoint-dir", str(ckpt), "--replica-dir", str(replica),
                       "--superlink", f"127.0.0.1:{superlink}", "--min-clients", str(cfg.fl_nodes - cfg.byzantine),
-                      "--round-timeout", "90", "--grace", "3", "--release", RELEASE, "--release-every", "2",
+                      "--round-timeout", f"{ROUND_TIMEOUT_S:g}", "--grace", "3", "--release", RELEASE,
+                      "--release-every", "2",
                       "--run-config", "fraction-evaluate=0.0", *site_args, "--canary", CANARY,
-                      "--rollout-wait", "120", "--timeout", "300"]
-    procs.start("coordinator", argv, env)
-    _wait("the SuperLink with the SuperNode keys registered", lambda: (ckpt / READY_FILE).exists(), 90, poll=0.3)
-    for i, (dev, key) in enumerate(keys.items()):
+                      "--rollout-wait", f"{ROLLOUT_WAIT_S:g}",
+                      "--timeout", f"{budgets.finish(cfg.rounds) + 60:.0f}"]  # it gives up after our wait would
+    procs.start("coordinator", argv, env, fatal=ckpt / FATAL_FILE)
+    _wait("the SuperLink with the SuperNode keys registered", lambda: (ckpt / READY_FILE).exists(),
+          budgets.superlink_s, poll=0.3,
+          watch=procs.watching("coordinator", "fog-*"))
+    for i, key in enumerate(keys.values()):
         attack = " byzantine='sign-flip'" if i >= cfg.fl_nodes - cfg.byzantine else ""
         procs.start(f"supernode-{i}", ["flower-supernode", "--superlink", f"127.0.0.1:{superlink}",
                                        "--port", str(free_port()), "--root-certificates",
@@ -678,23 +946,32 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
         return ck.server_round if ck is not None else 0
 
     kill_after = min(2, cfg.rounds - 1)
-    _wait(f"round {kill_after} checkpoint", lambda: latest_round() >= kill_after, 240, poll=0.5)
+    t_ready = time.monotonic()
+    _wait(f"round {kill_after} checkpoint", lambda: latest_round() >= kill_after,
+          60.0 + budgets.rounds(kill_after), poll=0.5,
+          watch=procs.watching("coordinator", "supernode-*", "fog-*"))
     rep.say(f"round {latest_round()} checkpointed; [red]kill -9 the coordinator[/red] (with its SuperLink and "
             "its connections to both sites)" if rep.console else "kill -9 the coordinator")
     at_kill = latest_round()
+    round_s = (time.monotonic() - t_ready) / max(1, at_kill)  # this machine's pace, now
+    finish_s = budgets.finish(cfg.rounds - at_kill, round_s)
+    argv[argv.index("--timeout") + 1] = f"{finish_s + 60:.0f}"
     procs.kill9("coordinator")
     fault = {"kind": "kill -9 coordinator", "site": "cloud", "target": "coordinator", "after_round": at_kill,
              "at_s": round(time.monotonic() - rep.t0, 2)}
     result["faults"].append(fault)
     t_restart = time.monotonic()
-    procs.start("coordinator-restarted", argv, env)  # the SuperNodes reconnect by themselves
+    procs.start("coordinator-restarted", argv, env, fatal=ckpt / FATAL_FILE)  # the SuperNodes reconnect
     report_path = ckpt / REPORT_FILE
 
     def finished() -> dict[str, Any] | None:
         _follow(sites, watch, rep, deployed)
         return json.loads(report_path.read_text()) if report_path.exists() else None
 
-    report = _wait("the restarted coordinator to finish", finished, 300, poll=0.5)
+    rep.say(f"rounds take {round_s:.0f} s here: waiting up to {finish_s:.0f} s for the {cfg.rounds - at_kill} "
+            "left and the rollout")
+    report = _wait("the restarted coordinator to finish", finished, finish_s, poll=0.5,
+                   watch=procs.watching("coordinator-restarted", "supernode-*", "fog-*"))
     resumed = report.get("resumed_from")
     result["recoveries"].append({"fault": "kill -9 coordinator", "site": "cloud", "resumed_from_round": resumed,
                                  "finished_after_restart_s": round(time.monotonic() - t_restart, 1)})
@@ -725,7 +1002,8 @@ def _load_task() -> tuple[Any, Any]:
 
 
 def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: RolloutWatch, rep: Reporter,
-             result: dict[str, Any], preload: Future[tuple[Any, Any]] | None = None) -> int:
+             result: dict[str, Any], preload: Future[tuple[Any, Any]] | None = None,
+             fogs_alive: Callable[[], None] = lambda: None, budgets: Budgets | None = None) -> int:
     """The final release reaches the canary, is checked there, then store-2; each site serves it as
     partitions and its answers must equal torch's on the final checkpoint."""
     import torch
@@ -734,15 +1012,19 @@ def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: Rol
     from runtime.security import Identity
 
     final = int(result["federated"]["final_release"])
-    rep.step(f"staged rollout of {RELEASE} v{final}: {CANARY} (canary) first, checked, then "
+    budgets = budgets or Budgets.of(cfg)
+    rep.step("rollout", f"staged rollout of {RELEASE} v{final}: {CANARY} (canary) first, checked, then "
              f"{', '.join(SITES[1:])}; each site serves it as partitions")
     deployed = {s for s in SITES if watch.has(s)}
     for s in sites.values():  # a site that only now lists the release gets its workload now
         if s.name not in deployed:
-            _wait(f"a release of {RELEASE} at {s.name}", partial(watch.has, s.name), 120, poll=0.5)
+            _wait(f"a release of {RELEASE} at {s.name}", partial(watch.has, s.name), budgets.release_s, poll=0.5,
+                  watch=fogs_alive)
             _follow({s.name: s}, watch, rep, deployed)
     for s in sites.values():
-        _wait(f"{RELEASE} v{final} served at {s.name}", partial(watch.serves, s.name, final), 150, poll=0.5)
+        _wait(f"{RELEASE} v{final} served at {s.name}", partial(watch.serves, s.name, final), budgets.release_s,
+              poll=0.5,
+              watch=fogs_alive)
     book = _rollouts(work / "ckpt")
     snap = watch.snapshot()
     mine = next((r for r in book if r["version"] == final), None)
@@ -774,7 +1056,8 @@ def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: Rol
     total = 0
     per_site: dict[str, Any] = {}
     for s in sites.values():
-        wl = s.client.wait_running(RELEASE, timeout=60)
+        wl = _wait(f"workload {RELEASE} running at {s.name}", partial(_running, s.client, RELEASE), budgets.running_s,
+                   watch=fogs_alive)
         rel = (s.client.status(limit=0).get("releases") or {}).get(RELEASE) or {}
         agree = 0
         for i in range(len(x)):

@@ -1,8 +1,8 @@
 """Discrete-event fleet simulation over the real pure cores.
 
-The fog broker's registry, scheduler and controller run here exactly as in
-the ``fogline broker`` process; only MQTT and the devices are replaced by
-events on a heap. Time is simulated (seconds), randomness comes from one
+The fog broker's ``SiteCore`` (registry, scheduler, controller and the rules
+between them) runs here exactly as in the ``fogline broker`` process; only MQTT
+and the devices are replaced by events on a heap. Time is simulated (seconds), randomness comes from one
 seeded ``random.Random``, so a run is deterministic for a seed and fleets of
 10,000 devices run much faster than real time.
 """
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from fog_broker.controller import Controller, ControllerConfig, DeployPartition, Phase, UndeployPartition
+from fog_broker.controller import ControllerConfig, DeployPartition, Phase, UndeployPartition
 from fog_broker.placement import Workload, schedule
-from fog_broker.registry import DeviceLost, Registry, RegistryConfig
+from fog_broker.site_core import Ack, Advert, SetWorkload, SiteCore, SiteCoreConfig
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionStatus
 
 from .churn import Battery, FailureModel, drain, next_failure
@@ -41,14 +43,11 @@ class SimDevice:
     seq: int = 0
 
     def birth(self) -> DeviceBirth:
-        p = self.profile
         self.seq += 1
-        return DeviceBirth(
-            device_id=self.device_id, epoch=self.epoch, seq=self.seq, site=self.labels.get("site", "sim"),
-            public_key=_KEY, flops=p.flops, memory_bytes=p.memory_bytes, uplink_bps=p.uplink_bps,
-            downlink_bps=p.downlink_bps, rtt_s=p.rtt_s, power_active_w=p.power_active_w,
-            power_idle_w=p.power_idle_w, tx_j_per_byte=p.tx_j_per_byte, rx_j_per_byte=p.rx_j_per_byte,
-            battery_capacity_wh=p.battery_capacity_wh, labels=dict(self.labels), simulated=True)
+        # the profile is the device record itself: a new resource field reaches the fog with no edit here
+        return DeviceBirth.of(self.profile, device_id=self.device_id, epoch=self.epoch, seq=self.seq,
+                              site=self.labels.get("site", "sim"), public_key=_KEY, labels=dict(self.labels),
+                              simulated=True)
 
     def state_advert(self, used_bytes: float) -> DeviceState:
         if self.state is None or self.state.epoch != self.epoch:
@@ -145,10 +144,14 @@ class FleetSim:
         self.devices = {d.device_id: d for d in devices}
         self.config = config
         self.rng = random.Random(config.seed)
-        self.registry = Registry(RegistryConfig(default_interval_s=config.state_interval_s))
         self._clock = clock  # wall clock, only to measure the cores (never read by them)
         self.schedule_wall: list[float] = []
-        self.controller = Controller(self._timed_schedule, ControllerConfig(startup_wait_s=0.0))
+        # The fog's own core: the rebirth budget is the only part a simulation has no use for.
+        self.core = SiteCore(self._timed_schedule, SiteCoreConfig(
+            state_interval_s=config.state_interval_s, max_rebirths_per_s=math.inf,
+            controller=ControllerConfig(startup_wait_s=0.0)))
+        self.registry = self.core.registry
+        self.controller = self.core.controller
         self.workloads = list(workloads)
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
@@ -198,6 +201,7 @@ class FleetSim:
         return total
 
     def _apply(self, cmds: Sequence[Any], now: float) -> None:
+        """The core's commands a simulated fleet acts on (rebirths, events and persistence need no device)."""
         for cmd in cmds:
             if isinstance(cmd, DeployPartition):
                 self._push(now + self.config.deploy_delay_s, "deploy", cmd)
@@ -210,7 +214,7 @@ class FleetSim:
         state = dev.state_advert(self._used(dev))
         if state is not before:
             self._dirty = True
-        self.registry.handle(state, now)
+        self._apply(self.core.handle(Advert(state), now), now)
 
     # ------------------------------------------------------------ run
 
@@ -229,7 +233,7 @@ class FleetSim:
             self._reported = self.registry.reported()
             self._fleet = self.registry.fleet(self.controller.reserved(self._reported))
             self._dirty = False
-        self._apply(self.controller.reconcile(self._fleet, self._reported, now), now)
+        self._apply(self.core.reconcile(now, self._fleet, self._reported), now)
         # After reconcile a status is current: running or degraded <=> at least one healthy chain.
         wl = self.controller.workloads
         self._up = {w.name: w.name in wl and wl[w.name].status in ("running", "degraded") for w in self.workloads}
@@ -239,13 +243,13 @@ class FleetSim:
         cfg = self.config
         self._wall0 = self._clock()
         for dev in self.devices.values():
-            self.registry.handle(dev.birth(), 0.0)
+            self._apply(self.core.handle(Advert(dev.birth()), 0.0), 0.0)
             if cfg.failure is not None:
                 down, _ = next_failure(cfg.failure, 0.0, self.rng)
                 if down < cfg.duration_s:
                     self._push(down, "crash", dev.device_id)
         for w in self.workloads:
-            self.controller.set_workload(w, 1)
+            self._apply(self.core.handle(SetWorkload(w, 1), 0.0), 0.0)
         self._push(0.0, "reconcile", self._token)
         self._push(cfg.state_interval_s, "adverts")
         self._push(cfg.battery_interval_s, "battery")
@@ -292,7 +296,7 @@ class FleetSim:
         self.events += 1
         self._track_availability(now)
         if kind == "adverts":
-            handle, n = self.registry.handle, 0
+            core, n, out = self.core, 0, []
             for d in self.devices.values():  # _advert inlined: 1,000s of devices every interval
                 if d.alive:
                     n += 1
@@ -300,12 +304,13 @@ class FleetSim:
                     if state is None or state.epoch != d.epoch:
                         state = d.state_advert(self._used(d))
                         self._dirty = True
-                    handle(state, now)
+                    out += core.handle(Advert(state), now)
             self.adverts += n
-            for cmd in self.registry.tick(now):
+            self._apply(out, now)
+            lost = core.liveness(now)
+            if lost:
                 self._dirty = True
-                if isinstance(cmd, DeviceLost):
-                    self.controller.device_lost(cmd.device_id, now)
+                self._apply(lost, now)
             self._push(now + cfg.state_interval_s, "adverts")
         elif kind == "deploy":
             cmd = payload
@@ -316,7 +321,7 @@ class FleetSim:
             dev.partitions[key] = PartitionStatus(cmd.workload, cmd.version, cmd.replica, cmd.index,
                                                   "0" * 64, "running")
             dev.state = None
-            self._apply(self.controller.ack(cmd.command_id, dev.device_id, True, "", now), now)
+            self._apply(self.core.handle(Ack(dev.device_id, cmd.command_id, True), now), now)
             self._advert(dev, now)  # a partition set change is a significant change
         elif kind == "undeploy":
             host = self.devices.get(payload.device)
@@ -330,9 +335,7 @@ class FleetSim:
         elif kind == "will":
             dev_id, epoch = payload
             self._dirty = True
-            for cmd in self.registry.handle(DeviceDeath(dev_id, epoch), now):
-                if isinstance(cmd, DeviceLost):
-                    self.controller.device_lost(cmd.device_id, now)
+            self._apply(self.core.handle(Advert(DeviceDeath(dev_id, epoch)), now), now)
         elif kind == "recover":
             self._recover(self.devices[payload], now)
         elif kind == "battery":
@@ -430,9 +433,8 @@ class FleetSim:
         dev.state = None
         if dev.battery is not None and dev.battery.dead:
             dev.battery = Battery(dev.battery.capacity_wh, 0.5, dev.battery.charge_w)
-        self.registry.handle(dev.birth(), now)
         self._dirty = True
-        self.controller.device_joined(dev.device_id)
+        self._apply(self.core.handle(Advert(dev.birth()), now), now)
         if self.config.failure is not None:
             down, _ = next_failure(self.config.failure, now, self.rng)
             if down < self.config.duration_s:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from runtime import children
 from runtime.broker import free_port
 from runtime.errors import LocalViolation
 
@@ -57,10 +58,8 @@ class LocalSite:
 
     def start(self, timeout: float = 60.0) -> LocalSite:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        err = open(self.log, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                     env=self.env, start_new_session=True)
-        err.close()
+        with open(self.log, "ab") as err:
+            self.proc = children.spawn(self.argv(), stdout=subprocess.PIPE, stderr=err, env=self.env)
         lines: queue.Queue[bytes] = queue.Queue()
         out = self.proc.stdout
         assert out is not None
@@ -102,7 +101,7 @@ class LocalSite:
             return None
 
     def kill_fog_only(self) -> None:
-        """kill -9 of the fog broker process alone: its mosquitto keeps running (a fog crash)."""
+        """kill -9 of the fog broker process alone (a fog crash): its mosquitto dies with it."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
@@ -205,8 +204,8 @@ class LocalSite:
         env = dict(self.env or os.environ)
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
         with open(log, "ab") as err:
-            return subprocess.Popen([sys.executable, "-m", "simulations.agent_group", json.dumps(spec)],
-                                    env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            return children.spawn([sys.executable, "-m", "simulations.agent_group", json.dumps(spec)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def agent_argv(self, device_id: str, data_dir: str | Path, *extra: str, token: str | None = None) -> list[str]:
         """``python -m edge_agent`` enrolling with a token on first start (unless already enrolled)."""

@@ -88,7 +88,7 @@ class MultiSiteSim:
         self.started_at: float | None = None
         self._heap: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
-        self._poll_token: dict[str, int] = {n: 0 for n in self.sites}
+        self._poll_token: dict[str, int] = dict.fromkeys(self.sites, 0)
         self._poll_due: dict[str, float] = {}
         self._fast: set[str] = set()
         self._ticking = False

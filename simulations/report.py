@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["print_report", "site_rows", "write_plots"]
+__all__ = ["print_report", "site_rows", "step_rows", "write_plots"]
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -19,7 +19,7 @@ def print_report(result: dict[str, Any]) -> None:
     per_site = ", ".join(f"{len(v.get('devices', []))} at {n}" for n, v in sites.items())
     rows = [
         ("site security", f"TLS + client certificates + ACL, devices enrolled by token (CA {cas})"
-         if sec.get("tls") else "INSECURE (plain MQTT)"),
+         if sec.get("tls") else "INSECURE (plain MQTT)" if sec else "not reached"),
         ("devices", str(len(result.get("devices", []))) + (f" ({per_site})" if sites else "")),
         ("deploy (3 partitions x 2 replicas)", f"{result.get('deploy_s', '?')} s to running"),
         ("requests sent / answered / lost", f"{c.get('requests_sent', 0)} / {c.get('requests_answered', 0)} / "
@@ -41,6 +41,7 @@ def print_report(result: dict[str, Any]) -> None:
     if result.get("agent_restarts"):
         rows.append(("agents restarted (joined late)", ", ".join(result["agent_restarts"])))
     rows.append(("elapsed", f"{result.get('elapsed_s', '?')} s"))
+    rows += step_rows(result)
     rows.append(("verdict", "OK" if result.get("ok") else "FAILED"))
     try:
         from rich.console import Console
@@ -56,6 +57,22 @@ def print_report(result: dict[str, Any]) -> None:
         width = max(len(k) for k, _ in rows)
         for k, v in rows:
             print(f"{k:<{width}}  {v}")
+
+
+def step_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """For a demo that did not run to its end: the steps it did, the one that failed and why, and
+    where the logs are (every other row shows what happened up to then)."""
+    if not result.get("incomplete") and not result.get("failed_step"):
+        return []
+    steps = result.get("steps", [])
+    done = ", ".join(f"{s.get('n')} {s.get('name')} ({s.get('took_s', '?')} s)" for s in steps
+                     if s.get("status") == "done") or "none"
+    rows = [("INCOMPLETE: steps done", done)]
+    failed = result.get("failed_step")
+    if failed:
+        rows.append((f"FAILED at step {failed.get('n')} ({failed.get('name')})", str(failed.get("error"))))
+    rows.append(("logs", str(result.get("logs", "?"))))
+    return rows
 
 
 def site_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
@@ -159,7 +176,8 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("time since demo start (s)")
     ax.set_ylabel("request latency (ms)")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a demo that stopped early may have nothing to label
+        ax.legend(fontsize=8)
     ax.set_title("Inference latency through the partition chain")
     fig.tight_layout()
     paths.append(out / "latency.png")
@@ -178,7 +196,8 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a demo that stopped early may have nothing to label
+        ax.legend(fontsize=8)
     ax.set_title("Federated training (PyTorch CNN app, digits)")
     fig.tight_layout()
     paths.append(out / "accuracy.png")

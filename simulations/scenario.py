@@ -6,10 +6,11 @@ demo), so an experiment is a reviewable text file rather than code.
 from __future__ import annotations
 
 import random
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from runtime.errors import RemoteViolation
 

@@ -142,4 +142,4 @@ def build_site(scenario: Scenario, index: int, name: str, *, clock: Callable[[],
     cfg = SimConfig(duration_s=duration_s or scenario.duration_s, state_interval_s=scenario.state_interval_s,
                     failure=scenario.failure, hang_fraction=scenario.hang_fraction, seed=seed)
     sim = FleetSim(devices, list(specs.values()), cfg, clock=clock)
-    return SimSite(name, sim, WanLink(name), specs, follows, releases, {w: 1 for w in specs})
+    return SimSite(name, sim, WanLink(name), specs, follows, releases, dict.fromkeys(specs, 1))

@@ -1,8 +1,8 @@
 """Shared fixtures: a real mosquitto on 127.0.0.1 (integration tests in every package use it)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -32,3 +32,22 @@ def mosquitto_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosqu
         yield broker
     finally:
         broker.stop()
+
+
+def _dev_null_ok() -> bool:
+    import stat
+
+    try:
+        return stat.S_ISCHR(Path("/dev/null").lstat().st_mode)
+    except OSError:
+        return False
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _dev_null_stays_a_device(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests run as root here: a command that writes "atomically" to /dev/null replaces the device
+    for every later process on the machine. Name the module that did it instead of failing elsewhere."""
+    ok_before = _dev_null_ok()
+    yield
+    if ok_before and not _dev_null_ok():
+        pytest.fail(f"{request.module.__name__} replaced /dev/null (now {Path('/dev/null').resolve()})")

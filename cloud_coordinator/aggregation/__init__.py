@@ -13,11 +13,24 @@ from .clipping import norm_clip, row_norms
 from .distances import direct_sq_distances, pairwise_sq_distances
 from .preagg import Mixed, bucketing, nnm
 from .registry import (
-    DEFAULT_RULE, PREAGGREGATORS, RULES, Aggregator, describe, get_rule, robust_default,
+    DEFAULT_RULE,
+    PREAGGREGATORS,
+    RULES,
+    Aggregator,
+    describe,
+    get_rule,
+    robust_default,
 )
 from .rules import (
-    bulyan, centered_clipping, coordinate_median, geometric_median, krum, krum_scores, mean,
-    multi_krum, trimmed_mean,
+    bulyan,
+    centered_clipping,
+    coordinate_median,
+    geometric_median,
+    krum,
+    krum_scores,
+    mean,
+    multi_krum,
+    trimmed_mean,
 )
 
 __all__ = [

@@ -51,7 +51,7 @@ def _blas_threads(cores: int) -> int:
     if _blas:
         try:
             return max(1, max(int(c.get_num_threads()) for c in _blas))
-        except Exception:  # noqa: BLE001, S110 - unreadable: fall back to the environment
+        except Exception:  # noqa: BLE001 - unreadable: fall back to the environment
             pass
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         v = os.environ.get(var, "").split(",")[0].strip()

@@ -115,7 +115,7 @@ def _common_dtype(dtypes: Sequence[np.dtype[Any]]) -> np.dtype[Any]:
 class RowStack:
     """n client rows, each the concatenation of its 1-D segments (same lengths for every client)."""
 
-    __slots__ = ("_segs", "_bounds", "shape", "dtype", "center")
+    __slots__ = ("_bounds", "_segs", "center", "dtype", "shape")
     ndim = 2
 
     def __init__(self, segments: Sequence[Sequence[np.ndarray]]) -> None:
@@ -133,7 +133,7 @@ class RowStack:
         # keeps them exact and saves a pass; any centre gives the same distances.
         self.center: np.ndarray | None = None
 
-    def centered_at(self, center: np.ndarray | None) -> "RowStack":
+    def centered_at(self, center: np.ndarray | None) -> RowStack:
         """The same rows with a Gram centre hint (float64, shape (d,)); no data is copied."""
         sub = self[:]
         sub.center = None if center is None else np.asarray(center, dtype=np.float64)

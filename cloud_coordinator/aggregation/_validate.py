@@ -107,7 +107,7 @@ def guarded(core: Core, x: np.ndarray, weights: object | None, reject: bool) -> 
         raise AggregationError("every update holds non-finite values")
     res = core(x[keep], None if w is None else w[keep])
     rejected = {int(keep[i]): r for i, r in res.rejected.items()}
-    rejected.update({i: REASON_NONFINITE for i in bad})
+    rejected.update(dict.fromkeys(bad, REASON_NONFINITE))
     return replace(
         res,
         selected=tuple(int(keep[i]) for i in res.selected),

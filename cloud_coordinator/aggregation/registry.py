@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import rules as _r
 from ._errors import AggregationError
 from ._kernels import mix
 from ._result import AggregateResult
@@ -21,7 +22,6 @@ from ._validate import as_updates, guarded
 from .clipping import clip_rows
 from .distances import pairwise_sq_distances
 from .preagg import bucketing_matrix, groups_of, nnm_matrix
-from . import rules as _r
 
 __all__ = [
     "RULES", "PREAGGREGATORS", "DEFAULT_RULE", "Aggregator", "get_rule", "robust_default",
@@ -95,7 +95,7 @@ def _check_options(name: str, kw: dict[str, Any]) -> None:
 class Aggregator:
     """A configured pipeline with its cross-round state; one owner thread calls it."""
 
-    __slots__ = ("name", "f", "_pre", "_rule", "_kw", "_pre_kw", "_rng", "_state", "rounds")
+    __slots__ = ("_kw", "_pre", "_pre_kw", "_rng", "_rule", "_state", "f", "name", "rounds")
 
     def __init__(self, name: str, f: int, *, rng: np.random.Generator | None = None,
                  seed: int = 0, **kw: Any) -> None:

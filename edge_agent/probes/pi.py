@@ -7,7 +7,7 @@ from pathlib import Path
 from ._sysfs import glob_dirs, read_int, read_text
 
 __all__ = ["Throttle", "parse_throttled", "board_model", "device_kind", "Ina219", "ina219",
-           "ups_battery_level"]
+           "ups_battery_level", "parse_pmic_adc", "pmic_rails_w", "pmic_power_w"]
 
 # get_throttled bits (Raspberry Pi documentation): 0-3 now, 16-19 since boot.
 UNDER_VOLTAGE, FREQ_CAPPED, THROTTLED, SOFT_TEMP_LIMIT = 0x1, 0x2, 0x4, 0x8
@@ -88,3 +88,45 @@ def ups_battery_level(bus_v: float, cells: int = 2) -> float:
     """Li-ion pack level from voltage, linear 3.0-4.2 V per cell (as UPS HAT examples do)."""
     per_cell = bus_v / cells
     return min(1.0, max(0.0, (per_cell - 3.0) / 1.2))
+
+
+def parse_pmic_adc(text: str | None) -> tuple[dict[str, float], dict[str, float]]:
+    """``vcgencmd pmic_read_adc`` (Raspberry Pi 5's PMIC): (amps, volts) per rail name.
+
+    Lines read ``VDD_CORE_A current(7)=0.70848000A`` and ``VDD_CORE_V volt(15)=0.88247060V``;
+    the rail is the name without its ``_A``/``_V`` suffix. Anything else is skipped.
+    """
+    amps: dict[str, float] = {}
+    volts: dict[str, float] = {}
+    for line in (text or "").splitlines():
+        cols = line.split()
+        if len(cols) != 2 or "=" not in cols[1]:
+            continue
+        name, (kind, _, value) = cols[0], cols[1].partition("=")
+        try:
+            number = float(value.rstrip("AV"))
+        except ValueError:
+            continue
+        if number != number or number < 0:  # NaN or nonsense: not a reading
+            continue
+        if kind.startswith("current(") and name.endswith("_A"):
+            amps[name[:-2]] = number
+        elif kind.startswith("volt(") and name.endswith("_V"):
+            volts[name[:-2]] = number
+    return amps, volts
+
+
+def pmic_rails_w(text: str | None) -> dict[str, float]:
+    """Power per PMIC rail that has both a current and a voltage reading, in watts."""
+    amps, volts = parse_pmic_adc(text)
+    return {rail: amps[rail] * volts[rail] for rail in sorted(amps) if rail in volts}
+
+
+def pmic_power_w(text: str | None) -> float | None:
+    """The sum over the PMIC's rails: the SoC, memory and I/O supplies, not USB peripherals.
+
+    It is what the board's own chips draw, which is what a partition changes; None without
+    rails (an older Pi, or vcgencmd missing).
+    """
+    rails = pmic_rails_w(text)
+    return sum(rails.values()) if rails else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["PREFERENCE", "from_library_names", "installed", "best"]
 

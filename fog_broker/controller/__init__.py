@@ -2,8 +2,22 @@
 from __future__ import annotations
 
 from ._core import (
-    BREAK_BEFORE_MAKE, MAKE_BEFORE_BREAK, ROLLING, Assignment, Command, Controller, ControllerConfig,
-    DeployPartition, PartKey, Persist, Phase, ScheduleFn, Switch, UndeployPartition, WorkloadEntry, sub_profile,
+    BREAK_BEFORE_MAKE,
+    MAKE_BEFORE_BREAK,
+    ROLLING,
+    Assignment,
+    Command,
+    Controller,
+    ControllerConfig,
+    DeployPartition,
+    PartKey,
+    Persist,
+    Phase,
+    ScheduleFn,
+    Switch,
+    UndeployPartition,
+    WorkloadEntry,
+    sub_profile,
 )
 
 __all__ = [

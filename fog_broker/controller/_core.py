@@ -52,13 +52,20 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence, Union
+from typing import Union
 
 from runtime.messages import Hop, PartitionStatus
 
 from ..placement.model import (
-    ChainProfile, Fleet, PartitionPlacement, Plan, Quota, ReplicaPlacement, Workload,
+    ChainProfile,
+    Fleet,
+    PartitionPlacement,
+    Plan,
+    Quota,
+    ReplicaPlacement,
+    Workload,
     WorkloadPlacement,
 )
 
@@ -332,6 +339,11 @@ class Controller:
 
     def set_quotas(self, quotas: Mapping[str, Quota]) -> None:
         self.quotas = dict(quotas)
+        self._need_plan = True
+
+    def request_plan(self) -> None:
+        """Plan at the next reconcile: a device's capacity claim was flagged, so the first replicas
+        it holds move (the scheduler's ``VerifiedLead``); nothing else that runs is disturbed."""
         self._need_plan = True
 
     def device_joined(self, device_id: str) -> None:

@@ -9,9 +9,23 @@ from .chain import ChainSolution, DeviceTable, solve_chain
 from .cost import ChainCost, chain_cost
 from .metrics import site_metrics
 from .model import (
-    Battery, ChainProfile, Device, Fleet, PartitionPlacement, Plan, PlanMetrics, Quota,
-    ReplicaPlacement, Segment, SpecError, Taint, Toleration, Workload, WorkloadPlacement,
-    WorkloadResult, parse_workloads,
+    Battery,
+    ChainProfile,
+    Device,
+    Fleet,
+    PartitionPlacement,
+    Plan,
+    PlanMetrics,
+    Quota,
+    ReplicaPlacement,
+    Segment,
+    SpecError,
+    Taint,
+    Toleration,
+    Workload,
+    WorkloadPlacement,
+    WorkloadResult,
+    parse_workloads,
 )
 from .plugins import Code, Status
 from .scheduler import SchedulerConfig, schedule

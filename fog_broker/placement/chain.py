@@ -77,9 +77,11 @@ best one-device chain is the optimum and no DP runs at all.
 """
 from __future__ import annotations
 
+import functools
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -383,9 +385,12 @@ class _Problem:
         self.K = kmax if self.limited else 1
         self.single: tuple[float, int] | None = None
         ok = eligible & (free >= pa.min_seg)
+        self.throughput = objective == "throughput"
+        if self.throughput:  # the swap argument holds for every stage, so latency keys prune
+            objective = "latency"
         if prune and min_partitions <= kmax:
             P = kmax
-            if min_partitions == 1:
+            if min_partitions == 1 and not self.throughput:  # the length bound is for sums
                 P, single = chain_length_bound(table, profile, source, sink, objective, kmax,
                                                free, ok)
                 if P == 1:  # the best one-device chain is optimal: no DP needed
@@ -435,6 +440,12 @@ class _Problem:
         self.a0 = a0
         self.e = e
         self.ar = np.arange(m)
+        if self.throughput:  # the input's and the output's link stages (serialisation only)
+            b_in, b_out = profile.input_bytes, float(profile.segments[-1].out_bytes)
+            self.a0s = np.where(cand == source, 0.0,
+                                8.0 * b_in / np.minimum(table.up[source], table.down[cand]))
+            self.es = np.where(cand == sink, 0.0,
+                               8.0 * b_out / np.minimum(table.up[cand], table.down[sink]))
 
     # -- arrival: min over predecessor a != d of G[a] + transfer(a, d) -------------------------
 
@@ -483,25 +494,39 @@ class _Problem:
 
     # -- one relaxed DP under per-device range constraints -------------------------------------
 
-    def relaxed(self, cons: dict[int, tuple[int, int, int, int]]
+    def relaxed(self, cons: dict[int, tuple[int, int, int, int]], cap: float | None = None
                 ) -> tuple[float, list[tuple[int, int, int]]] | None:
+        """The relaxed latency DP; with ``cap`` (throughput only), every stage at most ``cap``.
+
+        A link stage ``8b * max(u_a, w_d) <= cap`` splits into ``u_a <= t`` and ``w_d <= t``
+        (``t = cap / 8b``), so the cap masks senders and receivers and the sweep still applies.
+        """
         n, m, K = self.n, self.m, self.K
         C = self.C
-        if cons:
+        if cons or cap is not None:
             C = C.copy()
             for z, (smin, smax, emin, emax) in cons.items():
                 C[:smin, :, z] = INF
                 C[smax + 1:, :, z] = INF
                 C[:, :emin, z] = INF
                 C[:, emax + 1:, z] = INF
+        a0, e = self.a0, self.e
+        if cap is not None:
+            C[C > cap] = INF
+            a0 = np.where(self.a0s <= cap, a0, INF)
+            e = np.where(self.es <= cap, e, INF)
         A = np.full((n, K, m), INF)
-        A[0, 0] = self.a0
+        A[0, 0] = a0
         cands: list[np.ndarray] = [A[:0]]
         Vs: list[np.ndarray] = [A[0]]
         for jp in range(1, n + 1):
             cand = A[:jp] + C[:jp, jp - 1][:, None, :]
             V = cand.min(axis=0)
             cands.append(cand)
+            t = INF
+            if jp < n and cap is not None and self.out[jp - 1] > 0:
+                t = cap / (8.0 * float(self.out[jp - 1])) * (1 + 1e-12)
+                V = np.where(self.u[None, :] <= t, V, INF)  # senders too slow for the cap
             Vs.append(V)
             if jp < n:
                 b = float(self.out[jp - 1])
@@ -509,7 +534,9 @@ class _Problem:
                     A[jp] = self.arrive(V, b)
                 elif K > 1:
                     A[jp, 1:] = self.arrive(V[:-1], b)
-        tot = Vs[n] + self.e[None, :]
+                if t < INF:
+                    A[jp][:, self.w > t] = INF  # receivers too slow for the cap
+        tot = Vs[n] + e[None, :]
         if self.kmin > 1:
             tot[:self.kmin - 1] = INF
         flat = int(np.argmin(tot))
@@ -531,6 +558,20 @@ class _Problem:
         return best, parts
 
 
+    # -- throughput: bottleneck DP, and latency DP under a cap on every stage --------------------
+
+    def stage_values(self) -> np.ndarray:
+        """Every finite stage time a chain could have (and a few more), sorted and unique.
+
+        A link stage is ``8b * max(u_a, w_d)``: ``8b`` times one of the ``u`` or ``w`` values.
+        """
+        vals = [self.C[np.isfinite(self.C)], self.a0s, self.es]
+        uw = np.unique(np.concatenate((self.u, self.w)))
+        vals += [(8.0 * float(self.out[j])) * uw for j in range(self.n - 1)]
+        allv = np.concatenate(vals)
+        return np.unique(allv[np.isfinite(allv)])
+
+
 def _repeat(parts: list[tuple[int, int, int]]) -> tuple[int, int] | None:
     """A device used twice and the first segment after its first partition, or None."""
     seen: dict[int, int] = {}
@@ -541,41 +582,33 @@ def _repeat(parts: list[tuple[int, int, int]]) -> tuple[int, int] | None:
     return None
 
 
-def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: int, *,
-                objective: str = "latency", max_partitions: int | None = None,
-                free: np.ndarray | None = None, eligible: np.ndarray | None = None,
-                node_limit: int = 200, min_partitions: int = 1,
-                prune: bool | None = None) -> ChainSolution | None:
-    """The cheapest chain for ``profile`` from ``source`` to ``sink`` (table indices), or None.
+Relax = Callable[[dict[int, tuple[int, int, int, int]]],
+                 "tuple[float, list[tuple[int, int, int]]] | None"]
 
-    ``free`` is each device's free memory, ``eligible`` the devices that passed the filters;
-    the chain has between ``min_partitions`` and ``max_partitions`` partitions. Dominance
-    pruning never changes the optimum; ``prune=None`` (default) prunes from the second solve on
-    a table, so a one-off solve on a fresh snapshot does not pay for the dominator lists.
+
+def _bnb(relax: Relax, n: int, node_limit: int, spent: list[int] | None = None
+         ) -> tuple[float, list[tuple[int, int, int]], bool, int] | None:
+    """Best-first branch and bound over device-range constraints (module docstring).
+
+    Returns (value, parts in candidate indices, exact, nodes) or None when infeasible (or the
+    node limit came first: ``spent``, when given, gets ``[nodes, 1 if that was exact]``).
     """
-    D = len(table)
-    if prune is None:
-        warm = table.cache.get("solves", 0)
-        table.cache["solves"] = warm + 1
-        prune = warm > 0
-    free = table.memory if free is None else free
-    eligible = np.ones(D, dtype=bool) if eligible is None else eligible
-    pb = _Problem(table, profile, source, sink, objective, max(1, min_partitions),
-                  max_partitions, free, eligible, prune)
-    if pb.single is not None:
-        value, z = pb.single
-        return ChainSolution(((0, pb.n - 1, z),), value, True, 0)
-    if pb.m == 0:
-        return None
-    n = pb.n
+    got = _bnb_core(relax, n, node_limit)
+    if spent is not None:
+        spent[:] = [got[1], int(got[2])]
+    return got[0]
+
+
+def _bnb_core(relax: Relax, n: int, node_limit: int
+              ) -> tuple[tuple[float, list[tuple[int, int, int]], bool, int] | None, int, bool]:
     incumbent: tuple[float, list[tuple[int, int, int]]] | None = None
     heap: list[tuple[float, int, dict[int, tuple[int, int, int, int]], list]] = []
     tick = 0
     nodes = 0
-    root = pb.relaxed({})
+    root = relax({})
     nodes += 1
     if root is None:
-        return None
+        return None, nodes, True
     heap.append((root[0], tick, {}, root[1]))
     exact = True
     while heap:
@@ -598,7 +631,7 @@ def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: in
                 continue
             c2 = dict(cons)
             c2[z] = child
-            res = pb.relaxed(c2)
+            res = relax(c2)
             nodes += 1
             if res is None:
                 continue
@@ -609,7 +642,114 @@ def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: in
             tick += 1
             heapq.heappush(heap, (res[0], tick, c2, res[1]))
     if incumbent is None:
+        return None, nodes, exact
+    return (incumbent[0], incumbent[1], exact, nodes), nodes, exact
+
+
+def _throughput(pb: _Problem, max_latency_s: float | None, node_limit: int
+                ) -> tuple[float, list[tuple[int, int, int]], bool, int] | None:
+    """The smallest bottleneck of a chain within the latency bound, and the fastest such chain.
+
+    ``lat(cap)`` = the least latency over chains whose every stage is at most ``cap`` is
+    non-increasing in ``cap``, and the optimal bottleneck is one of the finitely many stage
+    times; so it is the smallest stage time ``cap`` with ``lat(cap) <= max_latency_s``
+    (bisection), and the chain returned is the fastest with that bottleneck. The search runs
+    between a lower bound (the bottleneck relaxation: devices may be revisited) and the
+    bottleneck of the fastest chain, which is feasible whenever any chain is. Capped latency
+    solves rarely revisit a device (a revisit costs two transfers), so they stay small where a
+    bottleneck branch and bound would not.
+    """
+    bound = INF if max_latency_s is None else max_latency_s * (1 + 1e-12)
+    fast = _bnb(pb.relaxed, pb.n, node_limit)
+    if fast is None or fast[0] > bound:
+        return None  # no chain at all, or none within the latency bound
+    nodes, exact = fast[3], fast[2]
+    # Lower bound: each segment runs in some partition, so on some device; the input and the
+    # output cross some link (0 when the source or sink computes).
+    diag = pb.C[np.arange(pb.n), np.arange(pb.n)]  # segments x candidates
+    lb = max(float(pb.a0s.min()), float(pb.es.min()), float(np.max(diag.min(axis=1))))
+    vals = pb.stage_values()
+    ub = _bottleneck(pb, fast[1])
+    cand = vals[(vals >= lb) & (vals < ub)]
+    cand = np.append(cand, ub)
+    best, tau = fast[1], ub
+    budget = 4 * node_limit  # the whole search; beyond it, the best chain found (not exact)
+    lo, hi = 0, len(cand) - 2  # cand[-1] (the fastest chain's bottleneck) is feasible
+    while lo <= hi:
+        if budget <= 0:
+            exact = False
+            break
+        mid = (lo + hi) // 2
+        spent = [0, 1]
+        res = _bnb(functools.partial(pb.relaxed, cap=float(cand[mid])), pb.n,
+                   min(node_limit, budget), spent)
+        budget -= spent[0]
+        nodes += spent[0]
+        exact = exact and bool(spent[1])
+        if res is not None and res[0] <= bound:
+            best, tau, hi = res[1], float(cand[mid]), mid - 1
+        else:
+            lo = mid + 1
+    # (when no smaller cap is feasible, the fastest chain of all is the fastest with bottleneck ub)
+    return tau, best, exact, nodes
+
+
+def _bottleneck(pb: _Problem, parts: list[tuple[int, int, int]]) -> float:
+    """The slowest stage of a chain (candidate indices), as ``relaxed`` caps them."""
+    worst = max(float(pb.a0s[parts[0][2]]), float(pb.es[parts[-1][2]]))
+    for k, (f, l, d) in enumerate(parts):
+        worst = max(worst, float(pb.C[f, l, d]))
+        if k:
+            prev = parts[k - 1][2]
+            worst = max(worst, float((8.0 * float(pb.out[f - 1])) * max(pb.u[prev], pb.w[d])))
+    return worst
+
+
+def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: int, *,
+                objective: str = "latency", max_partitions: int | None = None,
+                free: np.ndarray | None = None, eligible: np.ndarray | None = None,
+                node_limit: int = 200, min_partitions: int = 1,
+                prune: bool | None = None, max_latency_s: float | None = None
+                ) -> ChainSolution | None:
+    """The cheapest chain for ``profile`` from ``source`` to ``sink`` (table indices), or None.
+
+    ``free`` is each device's free memory, ``eligible`` the devices that passed the filters;
+    the chain has between ``min_partitions`` and ``max_partitions`` partitions. Dominance
+    pruning never changes the optimum; ``prune=None`` (default) prunes from the second solve on
+    a table, so a one-off solve on a fresh snapshot does not pay for the dominator lists.
+
+    ``objective="throughput"`` minimises the bottleneck stage (``cost.stage_times``; the
+    value is its seconds, frames/s = 1 / value), among chains whose latency is at most
+    ``max_latency_s``; the latency objective also honours ``max_latency_s`` (None when the
+    fastest chain exceeds it). The energy objective does not take a latency bound.
+    """
+    if max_latency_s is not None and objective == "energy":
+        raise ValueError("a latency bound applies to the latency and throughput objectives")
+    D = len(table)
+    if prune is None:
+        warm = table.cache.get("solves", 0)
+        table.cache["solves"] = warm + 1
+        prune = warm > 0
+    free = table.memory if free is None else free
+    eligible = np.ones(D, dtype=bool) if eligible is None else eligible
+    pb = _Problem(table, profile, source, sink, objective, max(1, min_partitions),
+                  max_partitions, free, eligible, prune)
+    bound = INF if max_latency_s is None else max_latency_s * (1 + 1e-12)
+    if pb.single is not None:
+        value, z = pb.single
+        if value > bound:
+            return None
+        return ChainSolution(((0, pb.n - 1, z),), value, True, 0)
+    if pb.m == 0:
         return None
-    value, parts = incumbent
+    if pb.throughput:
+        got = _throughput(pb, max_latency_s, node_limit)
+    else:
+        got = _bnb(pb.relaxed, pb.n, node_limit)
+        if got is not None and got[0] > bound:
+            return None
+    if got is None:
+        return None
+    value, parts, exact, nodes = got
     return ChainSolution(tuple((f, l, int(pb.cand[z])) for f, l, z in parts), value,
                          exact, nodes)

@@ -5,25 +5,32 @@ the same formulas, and tests check that the two agree on every plan they produce
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .model import ChainProfile, Device, PartitionPlacement
 
 __all__ = [
     "ChainCost", "transfer_time", "transfer_energy", "compute_time", "compute_energy",
-    "partition_memory", "chain_cost",
+    "partition_memory", "chain_cost", "link_time", "stage_times",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class ChainCost:
-    """Latency (s) and energy (J) of one replica chain."""
+    """Latency (s), energy (J) and bottleneck stage (s) of one replica chain.
+
+    ``bottleneck_s`` is the slowest pipeline stage (``stage_times``); a pipelined chain
+    serves at most ``1 / bottleneck_s`` frames per second.
+    """
 
     latency_s: float
     energy_j: float
+    bottleneck_s: float = 0.0
 
     def objective(self, name: str) -> float:
+        if name == "throughput":
+            return self.bottleneck_s
         return self.energy_j if name == "energy" else self.latency_s
 
 
@@ -32,6 +39,17 @@ def transfer_time(nbytes: float, a: Device, z: Device) -> float:
     if a.id == z.id:
         return 0.0
     return (a.rtt_s + z.rtt_s) / 2.0 + 8.0 * nbytes / min(a.uplink_bps, z.downlink_bps)
+
+
+def link_time(nbytes: float, a: Device, z: Device) -> float:
+    """How long a transfer occupies the link: the bits over the slower side, no RTT.
+
+    Propagation delay adds latency but overlaps between frames in flight, so it does not
+    limit throughput; serialisation does.
+    """
+    if a.id == z.id:
+        return 0.0
+    return 8.0 * nbytes / min(a.uplink_bps, z.downlink_bps)
 
 
 def transfer_energy(nbytes: float, a: Device, z: Device) -> float:
@@ -53,9 +71,34 @@ def partition_memory(profile: ChainProfile, first: int, last: int) -> float:
     return profile.memory_of(first, last)
 
 
+def stage_times(profile: ChainProfile, parts: Sequence[PartitionPlacement],
+                devices: dict[str, Device], source: str, sink: str
+                ) -> list[tuple[str, float]]:
+    """The pipeline stages of a chain in order, as ``(name, seconds)``.
+
+    A stage is each partition's compute on its device (``"compute <device>"``) and each
+    link a frame crosses, the input's and the output's included (``"link <a>-><z>"``,
+    ``link_time``); links inside one device are free and omitted.
+    """
+    segs = profile.segments
+    out: list[tuple[str, float]] = []
+    prev = devices[source]
+    nbytes = profile.input_bytes
+    for p in parts:
+        d = devices[p.device]
+        if prev.id != d.id:
+            out.append((f"link {prev.id}->{d.id}", link_time(nbytes, prev, d)))
+        out.append((f"compute {d.id}", profile.compute_s(p.first, p.last, d)))
+        nbytes = segs[p.last].out_bytes
+        prev = d
+    if prev.id != sink:
+        out.append((f"link {prev.id}->{sink}", link_time(nbytes, prev, devices[sink])))
+    return out
+
+
 def chain_cost(profile: ChainProfile, parts: Sequence[PartitionPlacement],
                devices: dict[str, Device], source: str, sink: str) -> ChainCost:
-    """Latency and energy of ``parts`` (in chain order) from ``source`` to ``sink``."""
+    """Latency, energy and bottleneck of ``parts`` (in chain order) from ``source`` to ``sink``."""
     segs = profile.segments
     src, dst = devices[source], devices[sink]
     prev = src
@@ -72,4 +115,5 @@ def chain_cost(profile: ChainProfile, parts: Sequence[PartitionPlacement],
         prev = d
     lat += transfer_time(nbytes, prev, dst)
     en += transfer_energy(nbytes, prev, dst)
-    return ChainCost(lat, en)
+    stages = stage_times(profile, parts, devices, source, sink)
+    return ChainCost(lat, en, max((t for _, t in stages), default=0.0))

@@ -7,7 +7,7 @@ and ids live in structured detail, and the sentences are built from it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["histogram", "fit_summary", "human_bytes", "memory_sentence", "quota_sentence"]
 

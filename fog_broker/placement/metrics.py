@@ -1,7 +1,7 @@
 """Site metrics over device memory, exactly as COST_MODEL.md defines them."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from .model import Fleet
 

@@ -8,9 +8,11 @@ The JSON shapes are those of ``COST_MODEL.md``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from runtime.devices import RESOURCE_RANGES, DeviceResources
 from runtime.errors import RemoteViolation
 
 __all__ = [
@@ -62,6 +64,12 @@ def _int(v: Any, where: str, *, minimum: int | None = None) -> int:
     if minimum is not None and v < minimum:
         raise SpecError(f"{where}: must be >= {minimum}, got {v!r}")
     return int(v)
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise SpecError(f"{where}: expected a boolean, got {v!r}")
+    return v
 
 
 def _str(v: Any, where: str, *, empty_ok: bool = False) -> str:
@@ -207,17 +215,20 @@ class Device:
     #: onnxruntime execution providers the device runs partitions with, best first
     #: (its birth's ``providers``); empty: not reported.
     providers: tuple[str, ...] = ()
+    #: False while the device's capacity claims are flagged (out of bounds, or far above what
+    #: its own calibration measured): it may then hold no workload's first (or only) replica.
+    verified: bool = True
+    #: True while the device reports thermal throttling (its state's ``throttled``): it takes no
+    #: partition, and what it runs is re-placed (the scheduler's ``NotThrottled``).
+    throttled: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
             raise SpecError("device id must be non-empty")
-        for name in ("flops", "uplink_bps", "downlink_bps"):
-            if not getattr(self, name) > 0:
-                raise SpecError(f"device {self.id}: {name} must be > 0")
-        for name in ("memory_bytes", "rtt_s", "power_active_w", "power_idle_w",
-                     "tx_j_per_byte", "rx_j_per_byte"):
-            if not getattr(self, name) >= 0:
-                raise SpecError(f"device {self.id}: {name} must be >= 0")
+        for name in _DEVICE_RANGED:  # runtime's one table of device figures
+            why = RESOURCE_RANGES[name].problem(getattr(self, name))
+            if why is not None:
+                raise SpecError(f"device {self.id}: {name}={getattr(self, name)!r} ({why})")
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -239,6 +250,33 @@ class Device:
         return f"device:{self.id}"
 
     @classmethod
+    def from_resources(cls, device_id: str, res: DeviceResources, *, flops: float | None = None,
+                       memory_bytes: float | None = None, uplink_bps: float | None = None,
+                       rtt_s: float | None = None, battery_level: float = 1.0,
+                       charging: bool = False, alive: bool = True, verified: bool = True,
+                       power_active_w: float | None = None, throttled: bool = False) -> Device:
+        """The scheduler's view of a device record (a birth, a profile): the one conversion.
+
+        The fog's better knowledge replaces claims: measured ``flops``, free ``memory_bytes``,
+        the state's ``uplink_bps``, ``rtt_s`` and battery, the rails' measured ``power_active_w``.
+        Written out rather than looped (a
+        fleet rebuild calls it per device); tests/runtime/test_device_record.py checks that it
+        copies every figure ``Device`` shares with the record.
+        """
+        cap = res.battery_capacity_wh
+        return cls(
+            device_id, res.flops if flops is None else flops,
+            float(res.memory_bytes) if memory_bytes is None else memory_bytes,
+            res.uplink_bps if uplink_bps is None else uplink_bps, res.downlink_bps,
+            rtt_s=res.rtt_s if rtt_s is None else rtt_s,
+            power_active_w=res.power_active_w if power_active_w is None else power_active_w,
+            power_idle_w=res.power_idle_w, tx_j_per_byte=res.tx_j_per_byte,
+            rx_j_per_byte=res.rx_j_per_byte, labels=tuple(sorted(res.labels.items())),
+            taints=tuple(Taint(t.key, t.value, t.effect) for t in res.taints) if res.taints else (),
+            battery=None if cap is None else Battery(cap, min(max(battery_level, 0.0), 1.0), charging),
+            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled)
+
+    @classmethod
     def from_dict(cls, d: Any, where: str = "device") -> Device:
         d = _obj(d, where)
         did = _str(_req(d, "id", where), f"{where}.id")
@@ -247,43 +285,48 @@ class Device:
         if not isinstance(alive, bool):
             raise SpecError(f"{w}.alive: expected a boolean, got {alive!r}")
         batt = d.get("battery")
+        figures = {}  # the record's figures; required where ``Device`` has no default
+        for name in _DEVICE_RANGED:
+            r, v = RESOURCE_RANGES[name], d.get(name, _DEVICE_DEFAULTS.get(name))
+            figures[name] = _num(_req(d, name, w) if v is None else v, f"{w}.{name}",
+                                 minimum=r.lo, positive=r.lo_open)
         return cls(
-            id=did,
-            flops=_num(_req(d, "flops", w), f"{w}.flops", positive=True),
-            memory_bytes=_num(_req(d, "memory_bytes", w), f"{w}.memory_bytes"),
-            uplink_bps=_num(_req(d, "uplink_bps", w), f"{w}.uplink_bps", positive=True),
-            downlink_bps=_num(_req(d, "downlink_bps", w), f"{w}.downlink_bps", positive=True),
-            rtt_s=_num(d.get("rtt_s", 0.0), f"{w}.rtt_s"),
-            power_active_w=_num(d.get("power_active_w", 0.0), f"{w}.power_active_w"),
-            power_idle_w=_num(d.get("power_idle_w", 0.0), f"{w}.power_idle_w"),
-            tx_j_per_byte=_num(d.get("tx_j_per_byte", 0.0), f"{w}.tx_j_per_byte"),
-            rx_j_per_byte=_num(d.get("rx_j_per_byte", 0.0), f"{w}.rx_j_per_byte"),
+            id=did, **figures,
             labels=_strmap(d.get("labels", {}) or {}, f"{w}.labels"),
             taints=tuple(Taint.from_dict(t, f"{w}.taints[{i}]")
                          for i, t in enumerate(_list(d.get("taints", []) or [], f"{w}.taints"))),
             battery=None if batt is None else Battery.from_dict(batt, f"{w}.battery"),
             alive=alive,
             providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
+            verified=_bool(d.get("verified", True), f"{w}.verified"),
+            throttled=_bool(d.get("throttled", False), f"{w}.throttled"),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = self._base_dict()
         if self.providers:
             out["providers"] = list(self.providers)
+        if not self.verified:
+            out["verified"] = False
+        if self.throttled:
+            out["throttled"] = True
         return out
 
     def _base_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "labels": dict(self.labels),
             "taints": [t.to_dict() for t in self.taints],
-            "flops": self.flops, "memory_bytes": self.memory_bytes,
-            "uplink_bps": self.uplink_bps, "downlink_bps": self.downlink_bps,
-            "rtt_s": self.rtt_s, "power_active_w": self.power_active_w,
-            "power_idle_w": self.power_idle_w, "tx_j_per_byte": self.tx_j_per_byte,
-            "rx_j_per_byte": self.rx_j_per_byte,
+            **{name: getattr(self, name) for name in _DEVICE_RANGED},
             "battery": None if self.battery is None else self.battery.to_dict(),
             "alive": self.alive,
         }
+
+
+#: The ``Device`` fields that are device-record figures (``RESOURCE_RANGES``): checked against
+#: their ranges, read from / written to FLEET.json by name.
+_DEVICE_RANGED = tuple(f.name for f in fields(Device) if f.name in RESOURCE_RANGES)
+_DEVICE_DEFAULTS = {f.name: f.default for f in fields(Device)
+                    if f.name in RESOURCE_RANGES and isinstance(f.default, (int, float))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,6 +516,12 @@ class Workload:
     providers: tuple[str, ...] = ()
     #: Measured segment seconds for a ``model`` workload, attached to its profile once profiled.
     segment_times: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    #: End-to-end latency bound (s) for the latency and throughput objectives; None: none.
+    max_latency_s: float | None = None
+    #: Accuracy bound on compressed activations at the cuts (``runtime.activations``):
+    #: relative L2 error per cut, and/or top-1 agreement on the fog's calibration batch.
+    max_activation_error: float | None = None
+    min_top1_agreement: float | None = None
 
     def with_profile(self, profile: ChainProfile) -> Workload:
         """This workload with ``profile`` (its own measured segment times merged in)."""
@@ -488,8 +537,24 @@ class Workload:
         return replace(self, profile=profile)
 
     def __post_init__(self) -> None:
-        if self.objective not in ("latency", "energy"):
-            raise SpecError(f"workload {self.name}: objective must be 'latency' or 'energy'")
+        if self.objective not in ("latency", "energy", "throughput"):
+            raise SpecError(f"workload {self.name}: objective must be 'latency', 'energy' or "
+                            f"'throughput', got {self.objective!r}")
+        b = self.max_latency_s
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))
+                              or not math.isfinite(b) or b <= 0):
+            raise SpecError(f"workload {self.name}: max_latency_s must be a number > 0, "
+                            f"got {b!r}")
+        for fname, lo, hi in (("max_activation_error", 0.0, math.inf),
+                              ("min_top1_agreement", 0.0, 1.0)):
+            v = getattr(self, fname)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not lo < v <= hi):
+                raise SpecError(f"workload {self.name}: {fname} must be a number in "
+                                f"({lo:g}, {hi:g}], got {v!r}")
+        if b is not None and self.objective == "energy":
+            raise SpecError(f"workload {self.name}: max_latency_s applies to the latency and "
+                            f"throughput objectives, not energy")
         if self.replicas < 1:
             raise SpecError(f"workload {self.name}: replicas must be >= 1")
         if self.max_partitions is not None and self.max_partitions < 1:
@@ -533,6 +598,12 @@ class Workload:
             min_partitions=_int(d.get("min_partitions", 1), f"{w}.min_partitions", minimum=1),
             input_shapes=_input_shapes(d.get("input_shapes", {}) or {}, f"{w}.input_shapes"),
             providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
+            max_latency_s=None if d.get("max_latency_s") is None else
+            _num(d["max_latency_s"], f"{w}.max_latency_s", positive=True),
+            max_activation_error=None if d.get("max_activation_error") is None else
+            _num(d["max_activation_error"], f"{w}.max_activation_error", positive=True),
+            min_top1_agreement=None if d.get("min_top1_agreement") is None else
+            _num(d["min_top1_agreement"], f"{w}.min_top1_agreement", positive=True),
         )._with_times(d.get("segment_times_s"), w)
 
     def _with_times(self, raw: Any, where: str) -> Workload:
@@ -563,6 +634,11 @@ class Workload:
             out["providers"] = list(self.providers)
         if self.segment_times:
             out["segment_times_s"] = {k: list(v) for k, v in self.segment_times}
+        if self.max_latency_s is not None:
+            out["max_latency_s"] = self.max_latency_s
+        for fname in ("max_activation_error", "min_top1_agreement"):
+            if getattr(self, fname) is not None:
+                out[fname] = getattr(self, fname)
         if self.profile is not None:
             out["profile"] = self.profile.to_dict()
         else:
@@ -616,14 +692,20 @@ class ReplicaPlacement:
     partitions: tuple[PartitionPlacement, ...]
     latency_s: float
     energy_j: float
+    #: The slowest pipeline stage (s), set for throughput workloads (0: not computed).
+    bottleneck_s: float = 0.0
 
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(p.device for p in self.partitions)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"partitions": [p.to_dict() for p in self.partitions],
-                "latency_s": self.latency_s, "energy_j": self.energy_j}
+        out = {"partitions": [p.to_dict() for p in self.partitions],
+               "latency_s": self.latency_s, "energy_j": self.energy_j}
+        if self.bottleneck_s > 0:
+            out["bottleneck_s"] = self.bottleneck_s
+            out["frames_per_s"] = 1.0 / self.bottleneck_s
+        return out
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "replica") -> ReplicaPlacement:
@@ -632,7 +714,8 @@ class ReplicaPlacement:
         return cls(tuple(PartitionPlacement.from_dict(p, f"{where}.partitions[{i}]")
                          for i, p in enumerate(parts)),
                    _num(d.get("latency_s", 0.0), f"{where}.latency_s"),
-                   _num(d.get("energy_j", 0.0), f"{where}.energy_j"))
+                   _num(d.get("energy_j", 0.0), f"{where}.energy_j"),
+                   _num(d.get("bottleneck_s", 0.0), f"{where}.bottleneck_s"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,12 @@ them into a histogram; numbers travel in structured detail fields instead.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
+
+import numpy as np
 
 from .model import NO_SCHEDULE_EFFECTS, Device, Quota, Workload
 
@@ -17,6 +20,7 @@ __all__ = [
     "EnergyFloor", "MemoryFit", "PowerDomainSpread", "QuotaCheck", "ObjectiveScore", "GangPermit",
     "DEFAULT_FILTERS", "NOT_ALIVE", "SELECTOR_MISMATCH", "UNTOLERATED_TAINT", "BATTERY_LOW",
     "INSUFFICIENT_MEMORY", "DOMAIN_TAKEN", "NO_PROVIDER", "ProviderFit", "first_failure",
+    "UNVERIFIED", "VerifiedLead", "THROTTLED", "NotThrottled",
 ]
 
 NOT_ALIVE = "device not alive"
@@ -26,6 +30,8 @@ BATTERY_LOW = "battery below floor"
 INSUFFICIENT_MEMORY = "insufficient memory"
 DOMAIN_TAKEN = "power domain taken by another replica"
 NO_PROVIDER = "no required execution provider"
+UNVERIFIED = "capacity claim unverified"
+THROTTLED = "device throttled"
 
 
 class Code(Enum):
@@ -153,6 +159,48 @@ class PowerDomainSpread:
         return Status(Code.UNFIT_FINAL, (DOMAIN_TAKEN,), self.name)
 
 
+@dataclass(frozen=True, slots=True)
+class VerifiedLead:
+    """A device whose capacity claim is flagged holds no first (or only) replica of anything.
+
+    Its claim decides nothing a workload cannot survive losing: it may serve replica 1 and
+    later, never the one every request goes to first. ``mask`` is the same verdict for the
+    scheduler's vectorised path (one boolean per device of a snapshot).
+    """
+
+    replica: int = 0
+    name: str = "VerifiedLead"
+
+    def filter(self, workload: Workload, node: NodeView) -> Status:
+        if self.replica > 0 or node.device.verified:
+            return OK
+        return Status(Code.UNFIT_FINAL, (UNVERIFIED,), self.name)
+
+    def mask(self, devices: Sequence[Device]) -> np.ndarray:
+        if self.replica > 0:
+            return np.ones(len(devices), dtype=bool)
+        return np.fromiter((d.verified for d in devices), dtype=bool, count=len(devices))
+
+
+class NotThrottled:
+    """A device reporting thermal throttling takes no partition; what it runs is re-placed.
+
+    Its segment times no longer hold, so it fails the plan; the workload stays pending with this
+    reason if no other device fits. Usable again once it reports unthrottled. ``mask`` is the
+    same verdict for the scheduler's vectorised path.
+    """
+
+    name = "NotThrottled"
+
+    def filter(self, workload: Workload, node: NodeView) -> Status:
+        if not node.device.throttled:
+            return OK
+        return Status(Code.UNFIT_FINAL, (THROTTLED,), self.name)
+
+    def mask(self, devices: Sequence[Device]) -> np.ndarray:
+        return np.fromiter((not d.throttled for d in devices), dtype=bool, count=len(devices))
+
+
 #: Filters whose verdict depends only on the workload spec and the device (cacheable).
 DEFAULT_FILTERS: tuple[type, ...] = (Alive, NodeSelector, TaintToleration, ProviderFit)
 
@@ -186,7 +234,7 @@ class GangPermit:
     """
 
     name = "Gang"
-    __slots__ = ("required", "reserved", "_free")
+    __slots__ = ("_free", "required", "reserved")
 
     def __init__(self, free: Any, required: int) -> None:
         self.required = required

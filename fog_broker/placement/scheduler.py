@@ -13,8 +13,9 @@ than per-partition anti-affinity, so it holds whatever the replicas' cuts are).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,13 +24,38 @@ from .chain import DeviceTable, min_segment_memory, solve_chain
 from .cost import chain_cost
 from .metrics import site_metrics
 from .model import (
-    Fleet, PartitionPlacement, Plan, SpecError, PlanMetrics, Quota, ReplicaPlacement, Workload,
-    WorkloadPlacement, WorkloadResult,
+    Fleet,
+    PartitionPlacement,
+    Plan,
+    PlanMetrics,
+    Quota,
+    ReplicaPlacement,
+    SpecError,
+    Workload,
+    WorkloadPlacement,
+    WorkloadResult,
 )
 from .plugins import (
-    BATTERY_LOW, DOMAIN_TAKEN, INSUFFICIENT_MEMORY, NO_PROVIDER, NOT_ALIVE, SELECTOR_MISMATCH,
-    UNTOLERATED_TAINT, Alive, EnergyFloor, GangPermit, NodeSelector,
-    NodeView, ProviderFit, QuotaCheck, TaintToleration, first_failure,
+    BATTERY_LOW,
+    DOMAIN_TAKEN,
+    INSUFFICIENT_MEMORY,
+    NO_PROVIDER,
+    NOT_ALIVE,
+    SELECTOR_MISMATCH,
+    THROTTLED,
+    UNTOLERATED_TAINT,
+    UNVERIFIED,
+    Alive,
+    EnergyFloor,
+    GangPermit,
+    NodeSelector,
+    NodeView,
+    NotThrottled,
+    ProviderFit,
+    QuotaCheck,
+    TaintToleration,
+    VerifiedLead,
+    first_failure,
 )
 
 __all__ = ["SchedulerConfig", "schedule"]
@@ -62,6 +88,8 @@ class _Placed:
     @property
     def objective(self) -> float:
         r = self.replicas[0]
+        if self.workload.objective == "throughput":
+            return r.bottleneck_s
         return r.energy_j if self.workload.objective == "energy" else r.latency_s
 
 
@@ -107,12 +135,13 @@ class _State:
         hit = self.fleet.cache.get(key)
         if hit is None:
             filters = (Alive(), NodeSelector(), TaintToleration(), ProviderFit(),
-                       EnergyFloor(self.cfg.battery_floor))
+                       EnergyFloor(self.cfg.battery_floor), NotThrottled())
             phrases: list[str | None] = []
             sel, floor = w.selectors, self.cfg.battery_floor
             for d in self.fleet.devices:
                 # Fast path for the common device that plainly passes every filter below.
-                if d.alive and not d.taints and (d.battery is None or d.battery.level >= floor) \
+                if d.alive and not d.taints and not d.throttled \
+                        and (d.battery is None or d.battery.level >= floor) \
                         and (not sel or all(item in d.labels for item in sel)) \
                         and not w.providers:
                     phrases.append(None)
@@ -124,6 +153,15 @@ class _State:
             hit = (mask, phrases)
             self.fleet.cache[key] = hit
         return hit  # type: ignore[no-any-return]
+
+    def lead(self) -> np.ndarray:
+        """Devices that may hold a first (or only) replica: ``VerifiedLead``, cached per snapshot."""
+        hit: np.ndarray | None = self.fleet.cache.get("lead")
+        if hit is None:
+            hit = VerifiedLead().mask(self.fleet.devices)
+            hit.setflags(write=False)
+            self.fleet.cache["lead"] = hit
+        return hit
 
     def domains(self) -> tuple[np.ndarray, dict[str, int]]:
         """Each device's power domain as a small integer code (cached per snapshot)."""
@@ -149,7 +187,8 @@ def _replica(w: Workload, st: _State, parts: Sequence[tuple[int, int, int]]) -> 
     devs[w.source] = st.fleet.devices[st.fleet.index[w.source]]
     devs[w.sink] = st.fleet.devices[st.fleet.index[w.sink]]
     c = chain_cost(w.profile, pp, devs, w.source, w.sink)
-    return ReplicaPlacement(pp, c.latency_s, c.energy_j)
+    return ReplicaPlacement(pp, c.latency_s, c.energy_j,
+                            c.bottleneck_s if w.objective == "throughput" else 0.0)
 
 
 def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
@@ -201,12 +240,25 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
             domain_ok = ~np.isin(dom_codes, [dom_index[t] for t in taken])
         else:
             domain_ok = np.ones(len(fleet.devices), dtype=bool)
+        if r == 0:  # the first (or only) replica: no device whose capacity claim is flagged
+            domain_ok = domain_ok & st.lead()
         eligible = mask & domain_ok
         sol = solve_chain(st.table, profile, src, snk, objective=w.objective,
                           max_partitions=w.max_partitions, min_partitions=w.min_partitions,
-                          free=scratch, eligible=eligible, node_limit=st.cfg.bnb_node_limit)
+                          free=scratch, eligible=eligible, node_limit=st.cfg.bnb_node_limit,
+                          max_latency_s=w.max_latency_s)
         if sol is None:
             gang.unreserve()
+            if w.max_latency_s is not None:  # is the bound what no chain meets?
+                fast = solve_chain(st.table, profile, src, snk, objective="latency",
+                                   max_partitions=w.max_partitions,
+                                   min_partitions=w.min_partitions, free=scratch,
+                                   eligible=eligible, node_limit=st.cfg.bnb_node_limit)
+                if fast is not None:
+                    return _Failure(
+                        (("latency", f"no chain meets max_latency_s {w.max_latency_s:g} s: "
+                                     f"the fastest takes {fast.value:.4g} s"),),
+                        (("max_latency_s", w.max_latency_s), ("fastest_s", fast.value)), False)
             return _fit_failure(w, st, r, mask, phrases, domain_ok, scratch, min_seg)
         for f, l, z in sol.parts:
             b = profile.memory_of(f, l)
@@ -239,7 +291,7 @@ def _fit_failure(w: Workload, st: _State, replica: int, mask: np.ndarray,
         if ph is not None:
             per_node.append(ph)
         elif not domain_ok[i]:
-            per_node.append(DOMAIN_TAKEN)
+            per_node.append(UNVERIFIED if replica == 0 else DOMAIN_TAKEN)
         elif free[i] < min_seg:
             per_node.append(INSUFFICIENT_MEMORY)
         else:
@@ -272,6 +324,12 @@ def _fit_failure(w: Workload, st: _State, replica: int, mask: np.ndarray,
     if counts.get(BATTERY_LOW):
         reasons["energy"] = (f"{counts[BATTERY_LOW]} devices on battery below "
                              f"{st.cfg.battery_floor:.0%} and not charging")
+    if counts.get(THROTTLED):
+        reasons["throttled"] = (f"{counts[THROTTLED]} devices report thermal throttling and "
+                                f"take no partition until they stop")
+    if counts.get(UNVERIFIED):
+        reasons["verified"] = (f"{counts[UNVERIFIED]} devices have flagged capacity claims and "
+                               f"hold no first replica")
     if replica > 0:
         reasons["anti-affinity"] = (f"replica {replica + 1} of {w.replicas}: no chain on power "
                                     f"domains unused by the other replicas")
@@ -302,7 +360,8 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
     usage: list[tuple[int, float]] = []
     domains: list[set[str]] = []
     reps: list[ReplicaPlacement] = []
-    for rep in pl.replicas:
+    lead = st.lead()
+    for r, rep in enumerate(pl.replicas):
         nxt = 0
         seen: set[str] = set()
         ds: set[str] = set()
@@ -314,7 +373,7 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
         for p in rep.partitions:
             i = fleet.index.get(p.device)
             if i is None or not mask[i] or p.first != nxt or p.last < p.first or p.last >= n \
-                    or p.device in seen:
+                    or p.device in seen or (r == 0 and not lead[i]):
                 return None
             seen.add(p.device)
             ds.add(fleet.devices[i].power_domain)

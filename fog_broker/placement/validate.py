@@ -5,7 +5,7 @@ from the raw JSON-level objects), so tests and benchmarks can trust its verdict.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .model import Device, Fleet, Plan, Quota, Workload
 
@@ -88,6 +88,8 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
                 nxt = p.last + 1
                 if not d.alive:
                     errs.append(f"{where}: device {d.id} not alive")
+                if k == 0 and not d.verified:
+                    errs.append(f"{where}: device {d.id} has a flagged capacity claim")
                 labels = dict(d.labels)
                 if any(labels.get(k2) != v for k2, v in w.selectors):
                     errs.append(f"{where}: device {d.id} fails the selectors")

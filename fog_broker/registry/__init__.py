@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 from ._core import (
-    DeviceJoined, DeviceLost, DeviceRecord, DeviceStatus, RegistryConfig, Registry,
-    RequestRebirth, TRANSITIONS, training_fitness,
+    CLAIM_ABOVE_MEASURED,
+    CLAIM_TOLERANCE,
+    TRANSITIONS,
+    DeviceJoined,
+    DeviceLost,
+    DeviceRecord,
+    DeviceStatus,
+    Registry,
+    RegistryConfig,
+    RequestRebirth,
+    ThrottleChanged,
+    capacity_flags,
+    measured_power,
+    training_fitness,
 )
 
 __all__ = [
     "DeviceJoined", "DeviceLost", "DeviceRecord", "DeviceStatus", "RegistryConfig", "Registry",
-    "RequestRebirth", "TRANSITIONS", "training_fitness",
+    "RequestRebirth", "TRANSITIONS", "training_fitness", "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED",
+    "capacity_flags", "ThrottleChanged", "measured_power",
 ]

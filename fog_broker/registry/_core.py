@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Union
 
+from runtime.devices import RESOURCE_RANGES
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
 
-from ..placement.model import Battery, Device, Fleet, Taint
+from ..placement.model import Device, Fleet
 from ..trust import death_applies
 
 __all__ = [
     "DeviceStatus", "DeviceRecord", "RegistryConfig", "Registry", "TRANSITIONS",
     "RequestRebirth", "DeviceJoined", "DeviceLost", "Command", "training_fitness",
+    "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED", "capacity_flags", "ThrottleChanged",
+    "measured_power",
 ]
+
+#: A device claiming more than this many times the compute its own calibration measured is
+#: flagged. Generous on purpose: a small partition's timing includes per-call overhead, and once
+#: a measurement exists placement uses it instead of the claim anyway.
+CLAIM_TOLERANCE = 50.0
+CLAIM_ABOVE_MEASURED = "flops claim far above measured"
 
 
 class DeviceStatus(enum.Enum):
@@ -102,7 +112,18 @@ class DeviceLost:
     last_seen: float
 
 
-Command = Union[RequestRebirth, DeviceJoined, DeviceLost]
+@dataclass(frozen=True, slots=True)
+class ThrottleChanged:
+    """The device's current connection started (or stopped) reporting thermal throttling.
+
+    Throttled, it takes no partition and what it runs should move: plan again.
+    """
+
+    device_id: str
+    throttled: bool
+
+
+Command = Union[RequestRebirth, DeviceJoined, DeviceLost, ThrottleChanged]
 
 
 # ------------------------------------------------------------------ records
@@ -131,6 +152,17 @@ class DeviceRecord:
     lost_reason: str = ""
     rebirth_asked_at: float = -math.inf
     adverts: int = 0
+    #: why the last advert of this device was refused (field and value); a clean birth clears it
+    rejected: str = ""
+    #: why the fleet view left this record out (it failed conversion); the next advert retries
+    set_aside: str = ""
+    #: the fog's clamp flags of the latest birth (claims beyond any real device)
+    claim_flags: tuple[str, ...] = ()
+    #: FLOP/s the device's own partition calibrations showed (best seen), None before any
+    measured_flops: float | None = None
+    #: W while computing, from the rails' joules per inference of its partitions (latest advert
+    #: that had one); None: never measured, placement uses the birth's ``power_active_w``
+    measured_power_w: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -165,8 +197,37 @@ def training_fitness(rec: DeviceRecord, battery_floor: float) -> tuple[bool, str
     return True, "charging" if st.charging else f"battery {st.battery_level:.0%}"
 
 
-def _positive(v: float) -> float:
-    return v if v > 0 and math.isfinite(v) else 1.0
+def capacity_flags(rec: DeviceRecord) -> tuple[str, ...]:
+    """The clamp's flags of the latest birth, plus one when the claim is far above the measurement.
+
+    Empty (the device is verified) once a clean birth and the calibration agree.
+    """
+    b, m = rec.birth, rec.measured_flops
+    if b is not None and m is not None and not (isinstance(b.flops, (int, float))
+                                                 and b.flops <= CLAIM_TOLERANCE * m):
+        return rec.claim_flags + (CLAIM_ABOVE_MEASURED,)
+    return rec.claim_flags
+
+
+def measured_power(st: DeviceState) -> float | None:
+    """Active power the board's rails showed for this advert's partitions (joules per inference
+    over the calibration's seconds per inference); the highest if several, None if none measured.
+
+    A figure outside ``power_active_w``'s range is no measurement (never a device set aside).
+    """
+    best: float | None = None
+    for p in st.partitions:
+        if not (p.energy_measured and p.calib_s > 0 and p.joules_per_inference > 0):
+            continue
+        w = p.joules_per_inference / p.calib_s
+        if RESOURCE_RANGES["power_active_w"].problem(w) is None and (best is None or w > best):
+            best = w
+    return best
+
+
+def _throttled(rec: DeviceRecord) -> bool:
+    st = rec.state
+    return st is not None and st.epoch == rec.epoch and bool(st.throttled)
 
 
 def _reporting(rec: DeviceRecord) -> bool:
@@ -177,40 +238,38 @@ def _inputs(rec: DeviceRecord, reserved: float) -> tuple[object, ...]:
     """Everything ``_device`` reads of a record: equal inputs give an equal ``Device``."""
     b = rec.birth
     st = rec.state if rec.state is not None and rec.state.epoch == rec.epoch else None
+    trust = (rec.measured_flops, not capacity_flags(rec), rec.measured_power_w)
     if st is None:
-        return (b, rec.alive, None)
+        return (b, rec.alive, None, trust)
     return (b, rec.alive, (st.free_memory_bytes, st.battery_level, st.charging, st.uplink_bps, st.rtt_s,
-                           reserved))
+                           reserved, bool(st.throttled)), trust)
 
 
 def _device(did: str, inputs: tuple[object, ...]) -> Device:
-    b, alive, figures = inputs
+    b, alive, figures, trust = inputs
     assert isinstance(b, DeviceBirth)
+    measured: float | None = trust[0]  # type: ignore[index]
+    verified: bool = trust[1]  # type: ignore[index]
+    power: float | None = trust[2]  # type: ignore[index]
     mem = float(b.memory_bytes)
-    battery = None
+    level, charging, throttled = 1.0, False, False
     uplink, rtt = b.uplink_bps, b.rtt_s
-    if figures is None:
-        if b.battery_capacity_wh is not None:
-            battery = Battery(b.battery_capacity_wh, 1.0, False)
-    else:
-        free, level, charging, st_uplink, st_rtt, reserved = figures  # type: ignore[misc]
+    if figures is not None:
+        assert isinstance(figures, tuple)
+        free, st_level, st_charging, st_uplink, st_rtt, reserved, throttled = figures
         mem = min(mem, float(free) + reserved)
-        if b.battery_capacity_wh is not None:
-            lv = level if level is not None else 1.0
-            battery = Battery(b.battery_capacity_wh, min(max(lv, 0.0), 1.0), bool(charging))
+        level, charging = (st_level if st_level is not None else 1.0), bool(st_charging)
         if st_uplink:
             uplink = st_uplink
         if st_rtt is not None:
             rtt = st_rtt
-    return Device(
-        id=did, flops=_positive(b.flops), memory_bytes=max(mem, 0.0),
-        uplink_bps=_positive(uplink), downlink_bps=_positive(b.downlink_bps),
-        rtt_s=rtt, power_active_w=b.power_active_w, power_idle_w=b.power_idle_w,
-        tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
-        labels=tuple(sorted(b.labels.items())),
-        taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
-        battery=battery, alive=bool(alive), providers=tuple(b.providers),
-    )
+    # Measured, not assumed: once the device's calibration exists it replaces the claim. No silent
+    # repair of a bad figure (one once became 1 bit/s): the wire check keeps figures in range,
+    # and a record that is not anyway is left out by ``fleet`` with its reason.
+    return Device.from_resources(
+        did, b, flops=measured, memory_bytes=max(mem, 0.0), uplink_bps=uplink, rtt_s=rtt,
+        battery_level=level, charging=charging, alive=bool(alive), verified=bool(verified),
+        power_active_w=power, throttled=bool(throttled))
 
 
 class Registry:
@@ -220,6 +279,8 @@ class Registry:
         self.config = config or RegistryConfig()
         self.devices: dict[str, DeviceRecord] = {}
         self.stale = 0          # adverts of an old connection, ignored
+        self.rejected = 0       # adverts that failed validation (``reject``)
+        self.set_aside = 0      # records the fleet view could not convert (left out, not raised)
         self.ignored = 0        # transitions with no effect (death of an unknown device, ...)
         self.accepted = 0
         # Incremental views: ``fleet()`` and ``reported()`` rebuild only the records touched since
@@ -269,13 +330,19 @@ class Registry:
             rec.birth, rec.epoch, rec.last_seen = advert, advert.epoch, now
             if rec.state is not None and rec.state.epoch != advert.epoch:
                 rec.state = None
-            rec.lost_reason = ""
+            rec.lost_reason = rec.rejected = ""
             self._set(rec, new, now)
             return [DeviceJoined(rec.device_id, rec.epoch, rejoin, new_epoch)]
         if action is _Action.REFRESH:
             assert isinstance(advert, DeviceState)
+            was = _throttled(rec)
             rec.state, rec.last_seen = advert, now
+            power = measured_power(advert)
+            if power is not None:  # the latest measurement replaces the declared figure
+                rec.measured_power_w = power
             self._set(rec, new, now)
+            if bool(advert.throttled) != was:
+                return [ThrottleChanged(rec.device_id, bool(advert.throttled))]
             return []
         if action is _Action.REBIRTH:
             assert isinstance(advert, DeviceState)
@@ -323,6 +390,51 @@ class Registry:
             rec = self.devices[device_id] = DeviceRecord(device_id, since=now)
             self._touch(device_id)
         return self._ask_rebirth(rec, now, reason)
+
+    def reject(self, device_id: str, now: float, why: str) -> list[Command]:
+        """An authenticated advert of this device failed validation (``why``: field and value).
+
+        The device is dead to placement until a clean birth: lost now if it was alive (what it
+        ran is re-placed), and shown as rejected. Its later states only ask for that birth.
+        """
+        rec = self.devices.get(device_id)
+        if rec is None:
+            rec = self.devices[device_id] = DeviceRecord(device_id, since=now)
+        self._touch(device_id)
+        rec.rejected = why
+        self.rejected += 1
+        if rec.alive:
+            return self._lose(rec, DeviceStatus.DEAD, now, "rejected advert")
+        self._set(rec, DeviceStatus.DEAD, now)
+        return []
+
+    def note_claim_flags(self, device_id: str, flags: tuple[str, ...]) -> bool:
+        """The fog's clamp flags for the birth about to be handled (empty: a clean birth).
+
+        True when this newly flags the device (what it runs first should move: plan again).
+        """
+        rec = self.devices.get(device_id)
+        if rec is None:
+            rec = self.devices[device_id] = DeviceRecord(device_id)
+        was = bool(capacity_flags(rec))
+        if rec.claim_flags != tuple(flags):
+            rec.claim_flags = tuple(flags)
+            self._touch(device_id)
+        return not was and bool(capacity_flags(rec))
+
+    def note_measured(self, device_id: str, flops: float) -> bool:
+        """FLOP/s a partition calibration of this device showed; the best one seen is kept.
+
+        True when the measurement newly flags the device's claim (plan again, as above).
+        """
+        rec = self.devices.get(device_id)
+        if rec is None or not (flops > 0 and math.isfinite(flops)):
+            return False
+        was = bool(capacity_flags(rec))
+        if rec.measured_flops is None or flops > rec.measured_flops:
+            rec.measured_flops = flops
+            self._touch(device_id)
+        return not was and bool(capacity_flags(rec))
 
     def forget(self, device_id: str) -> None:
         self.devices.pop(device_id, None)
@@ -429,10 +541,21 @@ class Registry:
                     del built[did]
                     changed = members = True
                 continue
-            key = _inputs(rec, float(reserved.get(did, 0.0)))
-            if old is not None and old[0] == key:
+            try:
+                key = _inputs(rec, float(reserved.get(did, 0.0)))
+                if old is not None and old[0] == key:
+                    continue
+                dev = _device(did, key)
+            except (ValueError, TypeError, ArithmeticError, AssertionError) as exc:
+                # One device's record must never stop the site's placement: leave it out, say why.
+                rec.set_aside = f"{type(exc).__name__}: {exc}"[:200]
+                self.set_aside += 1
+                if old is not None:
+                    del built[did]
+                    changed = members = True
                 continue
-            built[did] = (key, _device(did, key))
+            rec.set_aside = ""
+            built[did] = (key, dev)
             changed = True
             members = members or old is None
             changed_ids.append(did)
@@ -467,6 +590,7 @@ class Registry:
                 power_w=st.power_w if st is not None else None,
                 fit_for_training=fit, reason=reason,
                 flwr_node_id=st.flwr_node_id if st is not None else None,
+                cpu_load=st.cpu_load if st is not None else None,
             ))
         return tuple(out)
 

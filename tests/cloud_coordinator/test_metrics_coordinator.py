@@ -24,6 +24,7 @@ from cloud_coordinator.rollout import (
     NewRelease,
     ProbeDone,
     ProbeSample,
+    RolloutPolicy,
     Seen,
     SiteView,
     WorkloadView,
@@ -94,7 +95,7 @@ def coordinator(tmp_path: Path) -> dict[str, Any]:
     fogs = {"a": FogSigner("fog-a", "a"), "b": FogSigner("fog-b", "b")}
     specs = [SiteSpec(n, str(creds_dir(tmp_path / "creds", n, fog, mqtt=f"127.0.0.1:{1883 + i}")))
              for i, (n, fog) in enumerate(fogs.items())]
-    table = resolve(specs, "a")
+    table = resolve(specs, "a", RolloutPolicy(allow_unchecked_canary=True))  # v1: nothing serves it yet
     save_table(work, table)
     svc = SiteService(work, table, ident)  # not started: driven by hand, it writes its files as it does live
     out = work / RELEASES_DIR

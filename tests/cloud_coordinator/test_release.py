@@ -6,8 +6,17 @@ import onnx
 import pytest
 from flwr.app import ArrayRecord
 
-from cloud_coordinator.release import (Release, ReleaseError, build_release, check_onnx, export_onnx, read_release,
-                                       resolve_export, version_for, write_release)
+from cloud_coordinator.release import (
+    Release,
+    ReleaseError,
+    build_release,
+    check_onnx,
+    export_onnx,
+    read_release,
+    resolve_export,
+    version_for,
+    write_release,
+)
 from models.train import to_onnx as weights_to_onnx
 from runtime import codec
 from runtime.errors import SecurityError
@@ -78,11 +87,11 @@ def test_fogline_release_publishes_a_signed_model(mosquitto, tmp_path, capsys) -
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-    from _coordinator import FogSigner, make_credentials
-
     from runtime.cli import main
     from runtime.mqtt import MqttClient
     from runtime.topics import Topics
+
+    from _coordinator import FogSigner, make_credentials
 
     creds = make_credentials(tmp_path / "creds", "coord-x", FogSigner("fog-x", "site-x"))
     model = tmp_path / "m.onnx"

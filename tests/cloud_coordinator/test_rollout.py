@@ -1,10 +1,8 @@
 """The staged rollout machine (pure): table-driven scenarios, time advanced by hand, JSON round trips."""
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,11 +90,16 @@ def harness(sites: tuple[str, ...] = ("a", "b", "c"), **policy: Any) -> H:
 # A canary "a" that runs m v1 with workload w (its v3) following it, and v2 on the way.
 BASE = view(1, wl(3, 1))
 SWITCHED = view(2, wl(4, 2))
+# The canary lists a first release, holds (nothing serves it), then its operator's release:m workload runs it.
+FIRST = [Seen("a", view(1)), Seen("a", view(1, wl(1, 1))), ProbeDone("m", 1, ok())]
 
 SCENARIOS: list[tuple[str, list[Any], Step, str, list[tuple[str, int]]]] = [
-    ("first release: nothing served, accepted everywhere",
-     [rel(1), Seen("a", view()), Seen("a", view(1)), Seen("b", view(1)), Seen("c", view(1))],
+    ("first release: held until a workload serves it at the canary, checked, accepted everywhere",
+     [rel(1), Seen("a", view()), *FIRST, Seen("b", view(1)), Seen("c", view(1))],
      Step.DONE, "", [("a", 1), ("b", 1), ("c", 1)]),
+    ("first release nothing ever serves at the canary: held, never sent on, fails at the serve timeout",
+     [rel(1), Seen("a", view()), Seen("a", view(1)), Seen("b", view()), 121.0],
+     Step.FAILED, "serves no workload from release:m, so outputs and latency cannot be checked", [("a", 1)]),
     ("canary switched and probed, then the others in order",
      [rel(2), Seen("a", BASE), Seen("a", SWITCHED), ProbeDone("m", 2, ok()), Seen("c", view(1)),
       Seen("b", view(2)), Seen("c", view(2))],
@@ -142,11 +145,11 @@ SCENARIOS: list[tuple[str, list[Any], Step, str, list[tuple[str, int]]]] = [
      Step.FAILED, "no earlier release of m to roll back to: canary a keeps v1", [("a", 1), ("a", 1), ("a", 1),
                                                                                  ("a", 1)]),
     ("a site that does not confirm is skipped; the next one gets it",
-     [rel(1), Seen("a", view()), Seen("a", view(1)), Lost("b", "no status answer"), 31.0, Seen("c", view(1))],
+     [rel(1), Seen("a", view()), *FIRST, Lost("b", "no status answer"), 31.0, Seen("c", view(1))],
      Step.DONE, "b: timeout (did not list v1 within 30 s (last error: no status answer))",
      [("a", 1), ("b", 1), ("b", 1), ("b", 1), ("b", 1), ("c", 1)]),
     ("a site that refuses it is recorded; the next one gets it",
-     [rel(1), Seen("b", view()), Seen("a", view()), Seen("a", view(1)),
+     [rel(1), Seen("b", view()), Seen("a", view()), *FIRST,
       Seen("b", view(refusals={"release:signer is not a pinned coordinator": 1})), Seen("c", view(1))],
      Step.DONE, "b: refused (signer is not a pinned coordinator)", [("a", 1), ("b", 1), ("c", 1)]),
     ("the rollback is not confirmed in time",
@@ -163,9 +166,10 @@ SCENARIOS: list[tuple[str, list[Any], Step, str, list[tuple[str, int]]]] = [
     ("the canary lists this version with other bytes",
      [rel(2), Seen("a", view(2, ref=REF[7]))],
      Step.FAILED, "already lists m v2 with other bytes", []),
-    ("a workload deleted mid-rollout is dropped from the check",
-     [rel(2), Seen("a", BASE), Seen("a", view(2)), Seen("b", view(2)), Seen("c", view(2))],
-     Step.DONE, "", [("a", 2), ("b", 2), ("c", 2)]),
+    ("a workload deleted mid-rollout is dropped from the check: nothing left to check, held, rolled back",
+     [rel(2), Seen("a", BASE), Seen("a", view(2)), Seen("b", view(2)), 121.0, Restored("m", 2, 3, 1),
+      Seen("a", view(3))],
+     Step.ROLLED_BACK, "serves no workload from release:m", [("a", 2), ("a", 3)]),
 ]
 
 
@@ -214,7 +218,7 @@ def test_require_serving_fails_a_canary_that_serves_nothing() -> None:
 
 
 def test_a_newer_queued_release_supersedes_older_ones_and_waits_its_turn() -> None:
-    h = harness(sites=("a",))
+    h = harness(sites=("a",), allow_unchecked_canary=True)
     h(rel(1))
     h(rel(2))
     h(rel(3))
@@ -280,6 +284,7 @@ def test_the_book_survives_a_restart_at_every_step(at: str) -> None:
         h2(Seen("a", SWITCHED))
     if at == "probe":
         assert Probe("a", "m", 2, ("w",)) in out
+        h2(Seen("a", SWITCHED))   # a status after the restart: the plan's prediction the latency is judged by
     if at in ("canary", "switch", "probe"):
         h2(ProbeDone("m", 2, ok()))
     if at == "rollback":
@@ -376,20 +381,6 @@ def test_policy_settings_are_checked(pairs: list[str], msg: str) -> None:
 def test_policy_settings_parse() -> None:
     p = RolloutPolicy.from_pairs(["serve-timeout-s=5", "require_serving=true", "probe_requests=3", "holdout=x.npz"])
     assert (p.serve_timeout_s, p.require_serving, p.probe_requests, p.holdout) == (5.0, True, 3, "x.npz")
-
-
-def test_rollout_core_imports_no_io() -> None:
-    import cloud_coordinator
-
-    src = (Path(cloud_coordinator.__file__).parent / "rollout.py").read_text()
-    names = set()
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    assert not names & {"flwr", "paho", "threading", "time", "random", "socket", "subprocess", "os", "onnxruntime",
-                        "fog_broker"}
 
 
 def test_notes_say_what_happened() -> None:

@@ -8,14 +8,14 @@ import pytest
 
 pytest.importorskip("ray")
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid, ServerApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
 
-from cloud_coordinator import RobustStrategy  # noqa: E402
-from edge_agent.flower_client import simulated_faults  # noqa: E402
-from models.train import SoftmaxRegression, load_digits_split  # noqa: E402
+from cloud_coordinator import RobustStrategy
+from edge_agent.flower_client import simulated_faults
+from models.train import SoftmaxRegression, load_digits_split
 
 pytestmark = pytest.mark.slow
 N, BYZANTINE, ROUNDS = 50, 5, 3

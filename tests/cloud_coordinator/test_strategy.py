@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Error, MetricRecord, RecordDict
 
-from _grid import Crash, LocalGrid, pull_client
 from cloud_coordinator.rounds import Wait, wait_decision
 from cloud_coordinator.strategy import RobustStrategy, RunFailed
+
+from _grid import Crash, LocalGrid, pull_client
 
 
 def _init() -> ArrayRecord:

@@ -5,8 +5,14 @@ import math
 
 import pytest
 
-from cloud_coordinator.policy import (CheckpointPolicy, daly_interval, estimate_mtbf,
-                                      rounds_between_checkpoints, should_checkpoint, young_interval)
+from cloud_coordinator.policy import (
+    CheckpointPolicy,
+    daly_interval,
+    estimate_mtbf,
+    rounds_between_checkpoints,
+    should_checkpoint,
+    young_interval,
+)
 from runtime.errors import LocalViolation
 
 

@@ -114,9 +114,8 @@ def test_agent_without_a_pinned_fog_key_refuses_to_start(tmp_path: Path) -> None
 
 
 def test_agent_pins_the_key_from_fog_json(tmp_path: Path) -> None:
-    from runtime.security import Identity
-
     from edge_agent.simulated import SimulatedDevice
+    from runtime.security import Identity
     from simulations.profiles import PROFILES
 
     fog = FogSigner("fog-1")

@@ -15,6 +15,8 @@ from runtime.relay import Sealer
 from runtime.security import Identity, TrustStore, Verifier, sha256_hex
 from runtime.topics import Topics, parse
 
+from waiting import wait_for
+
 T = Topics("s1")
 REPLY = T.reply("client-1")
 CHAIN = tiny_chain()
@@ -122,9 +124,7 @@ def test_reply_only_to_reply_topics_of_the_site() -> None:
     ex, bus = make("d0")
     load(ex, 0)
     ex.submit(CHAIN.activation("r", np.ones((1, 8), np.float32), [("d0", 0)], T.fog_state()))
-    deadline = time.monotonic() + 5
-    while ex.undeliverable == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: ex.undeliverable, 5, "the activation counted undeliverable", interval=0.01)
     assert ex.undeliverable == 1 and bus.sent.empty()
     ex.stop()
 

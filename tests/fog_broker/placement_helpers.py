@@ -41,8 +41,13 @@ def random_instance(rng: random.Random, n_dev: int, n_seg: int,
 
 def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, objective: str,
                 max_partitions: int | None, free: dict[str, float] | None = None,
-                min_partitions: int = 1) -> tuple[float, list[PartitionPlacement]] | None:
-    """Enumerate every composition of the segments and every injective device assignment."""
+                min_partitions: int = 1, max_latency_s: float | None = None
+                ) -> tuple[float, list[PartitionPlacement]] | None:
+    """Enumerate every composition of the segments and every injective device assignment.
+
+    ``objective="throughput"`` minimises the bottleneck stage; ``max_latency_s`` drops every
+    chain slower than it end to end.
+    """
     n = len(prof.segments)
     dm = {d.id: d for d in devs}
     free = free or {d.id: d.memory_bytes for d in devs}
@@ -55,7 +60,10 @@ def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, 
                 if any(prof.memory_of(f, l) > free[d.id] for (f, l), d in zip(parts, perm)):
                     continue
                 pl = [PartitionPlacement(f, l, d.id) for (f, l), d in zip(parts, perm)]
-                c = chain_cost(prof, pl, dm, source, sink).objective(objective)
+                cc = chain_cost(prof, pl, dm, source, sink)
+                if max_latency_s is not None and cc.latency_s > max_latency_s:
+                    continue
+                c = cc.objective(objective)
                 if best is None or c < best[0]:
                     best = (c, pl)
     return best

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fog_broker.placement import DeviceTable, PartitionPlacement, chain_cost, solve_chain
+
 from placement_helpers import brute_force, dev, profile, random_instance
 
 

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from fog_broker.api_auth import MAX_TTL_S, Principal, cert_principal, mint_token, parse_token, verify_token
+from fog_broker.api_auth import (
+    MAX_TTL_S,
+    Principal,
+    cert_principal,
+    mint_token,
+    parse_token,
+    verify_token,
+)
 from fog_broker.trust import TrustError
 from runtime.security import Identity
 

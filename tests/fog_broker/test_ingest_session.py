@@ -8,8 +8,9 @@ is accepted.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,8 @@ from runtime.messages import DeviceState, Envelope
 from runtime.mqtt import Inbound, MqttClient
 from runtime.security import MAC_LEN, Identity, Signer
 from runtime.topics import Topics
+
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 if find_mosquitto() is None:  # pragma: no cover
@@ -60,16 +63,6 @@ def make(broker: MosquittoBroker, tmp_path: Path, dev_id: str, fog: Any = None, 
     return make_agent(cfg, profile=prof).start()
 
 
-def wait_for(pred: Any, timeout: float = 30.0, why: Any = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError(f"condition not met: {why() if why else ''}")
-
-
 class Tap:
     """Records the envelopes published on one device's STATE topic."""
 
@@ -98,10 +91,10 @@ def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broke
     tap = Tap(broker.port, "mac-1")
     agent = make(broker, tmp_path, "mac-1", fog, state_mac=True)
     try:
-        wait_for(lambda: fog.ingest.counts()["session:opened"] >= 1)
-        wait_for(lambda: len([e for e in tap.envelopes() if len(e.signature) == MAC_LEN]) >= 2)
+        wait_for(lambda: fog.ingest.counts()["session:opened"] >= 1, 30)
+        wait_for(lambda: len([e for e in tap.envelopes() if len(e.signature) == MAC_LEN]) >= 2, 30)
         n = accepted_states(fog)
-        wait_for(lambda: accepted_states(fog) >= n + 2)
+        wait_for(lambda: accepted_states(fog) >= n + 2, 30)
         assert fog.call(lambda: fog.registry.get("mac-1")).state is not None
         assert not {k: v for k, v in fog.rejections().items() if k != "replayed"}
         mac_env = next(e for e in tap.envelopes() if len(e.signature) == MAC_LEN)
@@ -113,19 +106,20 @@ def test_agent_states_use_session_macs_and_forgeries_are_refused(fog: Any, broke
         forger = Signer(Identity.generate("mac-1"), agent.epoch, seq=10_000)
         pub.publish(topic, forger.seal_mac_bytes(DeviceState("mac-1", agent.epoch, 10_001, 1), time.time(),
                                                  bytes(32))).wait(2)
-        wait_for(lambda: fog.rejections().get("bad signature", 0) >= 1)
+        wait_for(lambda: fog.rejections().get("bad signature", 0) >= 1, 30)
         # 2. a captured genuine advert published again
         pub.publish(topic, codec.encode(mac_env)).wait(2)
-        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
+        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1, 30)
         # 3. the MAC of this connection relabelled with an older epoch does not verify / is stale
         old = Envelope(mac_env.sender, mac_env.epoch - 1, mac_env.seq + 50_000, time.time(), mac_env.payload,
                        mac_env.signature)
         pub.publish(topic, codec.encode(old)).wait(2)
-        wait_for(lambda: fog.rejections().get("stale epoch", 0) >= 1, why=lambda: (fog.ingest.counts(), old))
+        wait_for(lambda: fog.rejections().get("stale epoch", 0) >= 1, 30,
+                 lambda: (fog.ingest.counts(), old))
         pub.stop()
         # the agent keeps being accepted after the forgeries
         n = accepted_states(fog)
-        wait_for(lambda: accepted_states(fog) >= n + 1)
+        wait_for(lambda: accepted_states(fog) >= n + 1, 30)
     finally:
         agent.stop()
         tap.client.stop()
@@ -136,8 +130,8 @@ def test_agent_without_state_mac_still_signs_and_is_accepted(fog: Any, broker: M
     tap = Tap(broker.port, "sig-1")
     agent = make(broker, tmp_path, "sig-1", fog, state_mac=False)
     try:
-        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1)
-        wait_for(lambda: accepted_states(fog) >= 2)
+        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1, 30)
+        wait_for(lambda: accepted_states(fog) >= 2, 30)
         assert tap.envelopes() and all(len(e.signature) == 64 for e in tap.envelopes())
         assert not fog.rejections()
     finally:
@@ -160,17 +154,17 @@ def test_signed_states_keep_their_replay_window_and_macs_without_session_ask_reb
         birth = DeviceBirth("raw-1", 1, 0, SITE, ident.public_key_bytes, 1e9, 10_000_000, 1e8, 1e8, 0.001, 5.0, 2.0,
                             state_interval_s=5.0)
         pub.publish(T.device("raw-1", "BIRTH"), s.seal_bytes(birth, time.time())).wait(2)
-        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1)
+        wait_for(lambda: fog.ingest.counts()["session:none"] >= 1, 30)
         signed = s.seal_bytes(DeviceState("raw-1", 1, 0, 1), time.time())
         pub.publish(T.device("raw-1", "STATE"), signed).wait(2)
         pub.publish(T.device("raw-1", "STATE"), signed).wait(2)  # replayed (window in the shard)
-        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
+        wait_for(lambda: fog.rejections().get("replayed", 0) >= 1, 30)
         assert accepted_states(fog) == 1
         # a MAC'd state without a session: refused, and the device is asked to rebirth
         pub.publish(T.device("raw-1", "STATE"),
                     s.seal_mac_bytes(DeviceState("raw-1", 1, 0, 1), time.time(), bytes(32))).wait(2)
-        wait_for(lambda: fog.rejections().get("no session", 0) >= 1)
-        wait_for(lambda: fog.counters["rebirths_asked"] >= 1)
+        wait_for(lambda: fog.rejections().get("no session", 0) >= 1, 30)
+        wait_for(lambda: fog.counters["rebirths_asked"] >= 1, 30)
         assert accepted_states(fog) == 1
     finally:
         pub.stop()
@@ -210,7 +204,7 @@ def test_reconnect_rekeys_and_states_right_after_a_birth_are_accepted(fog: Any, 
                        for k in range(1, 6)]
             for topic, data in frames:
                 pub.publish(topic, data)
-            wait_for(lambda: accepted_states(fog) >= 5 * epoch, why=lambda: fog.ingest.counts())
+            wait_for(lambda: accepted_states(fog) >= 5 * epoch, 30, lambda: fog.ingest.counts())
         assert fog.ingest.counts()["session:opened"] == 2
         assert not fog.rejections()
     finally:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+
+from waiting import wait_for
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'fogline[fog]' (prometheus_client)")
 
@@ -51,17 +53,6 @@ def scrape(svc: Any, **kw: Any) -> Samples:
 def val(samples: Samples, name: str, **labels: str) -> float:
     """One sample's value; a missing sample reads as 0 (a counter that never moved)."""
     return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
 
 
 class Fleet:
@@ -416,9 +407,28 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def _fogline_args(argv: list[str]) -> Any:
-    """``fogline ARGS`` parsed by the real command line (unknown flags and bad values fail the test)."""
+    """``fogline ARGS`` parsed by the real command line (unknown flags and bad values fail the test).
+
+    Paths name the target host's files (``/etc/fogline/...``), not this machine's: the path
+    types that look at the file system are swapped for plain paths; every other check stays.
+    """
+    import argparse
+
     from runtime.cli import build_parser
-    return build_parser().parse_args(argv)
+
+    host_paths = {"existing_dir", "existing_file", "writable_dir", "writable_file"}
+
+    def relax(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if getattr(action.type, "kind", None) in host_paths:
+                action.type = Path
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    relax(sub)
+
+    parser = build_parser()
+    relax(parser)
+    return parser.parse_args(argv)
 
 
 def _compose_env(text: str, env: dict[str, str]) -> str:

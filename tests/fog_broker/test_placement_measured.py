@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 
 from fog_broker.placement import (
-    ChainProfile, DeviceTable, Fleet, SpecError, Workload, chain_cost, parse_workloads, schedule,
-    solve_chain, validate_plan,
+    ChainProfile,
+    DeviceTable,
+    Fleet,
+    SpecError,
+    Workload,
+    chain_cost,
+    parse_workloads,
+    schedule,
+    solve_chain,
+    validate_plan,
 )
 from fog_broker.placement.plugins import NO_PROVIDER, NodeView, ProviderFit
 

@@ -9,10 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fog_broker.placement import (
-    DeviceTable, Fleet, PartitionPlacement, SpecError, Workload, chain_cost, schedule,
-    solve_chain, validate_plan,
+    DeviceTable,
+    Fleet,
+    PartitionPlacement,
+    SpecError,
+    Workload,
+    chain_cost,
+    schedule,
+    solve_chain,
+    validate_plan,
 )
 from fog_broker.placement.chain import kept_devices
+
 from placement_helpers import brute_force, dev, dominated_fleet, profile, random_instance
 
 

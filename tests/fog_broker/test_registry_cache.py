@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Mapping
+from collections.abc import Mapping
 
 import pytest
 
@@ -80,7 +80,7 @@ def _state(rng: random.Random, dev: str, epoch: int) -> DeviceState:
 def test_incremental_views_equal_a_rebuild_after_random_events(seed: int) -> None:
     rng = random.Random(seed)
     reg = Registry(RegistryConfig(default_interval_s=2.0))
-    epochs = {d: 1 for d in IDS}
+    epochs = dict.fromkeys(IDS, 1)
     last_state: dict[str, DeviceState] = {}
     now = 0.0
     for _ in range(400):

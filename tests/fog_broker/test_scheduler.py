@@ -7,8 +7,17 @@ from dataclasses import replace
 import pytest
 
 from fog_broker.placement import (
-    Battery, Fleet, Quota, SchedulerConfig, Taint, Toleration, Workload, schedule, validate_plan,
+    Battery,
+    Fleet,
+    Quota,
+    SchedulerConfig,
+    Taint,
+    Toleration,
+    Workload,
+    schedule,
+    validate_plan,
 )
+
 from placement_helpers import dev, profile, random_instance
 
 
@@ -47,7 +56,7 @@ def test_single_filter_reasons(name: str, device, w: Workload, gate: str, phrase
     assert gate in r.reason_map
     hist = r.detail_map["histogram"]
     assert hist[phrase] >= 1
-    assert f"0/2 devices fit" in r.reason_map["fit"]
+    assert "0/2 devices fit" in r.reason_map["fit"]
 
 
 def test_toleration_and_charging_battery_allow_placement() -> None:
@@ -217,7 +226,13 @@ def test_config_disables_preemption() -> None:
 
 
 def test_validator_catches_violations() -> None:
-    from fog_broker.placement import PartitionPlacement, Plan, PlanMetrics, ReplicaPlacement, WorkloadResult
+    from fog_broker.placement import (
+        PartitionPlacement,
+        Plan,
+        PlanMetrics,
+        ReplicaPlacement,
+        WorkloadResult,
+    )
 
     fl = fleet(dev("a", memory_bytes=1e5), dev("b", alive=False))
     w = wl("w")

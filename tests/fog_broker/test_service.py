@@ -8,24 +8,33 @@ issued identities only, and revocation.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from runtime import codec
 from runtime.broker import MosquittoBroker, find_mosquitto
+from runtime.errors import SecurityError
 from runtime.messages import (
-    ControlReply, ControlRequest, Deploy, DeviceBirth, DeviceDeath, DeviceState, Envelope, FleetSummary,
-    FogState, Rebirth,
+    ControlRequest,
+    Deploy,
+    DeviceBirth,
+    DeviceDeath,
+    DeviceState,
+    Envelope,
+    FleetSummary,
+    FogState,
+    Rebirth,
 )
 from runtime.mqtt import Inbound, MqttClient
-from runtime.errors import SecurityError
 from runtime.security import Identity, Signer, TrustStore, Verifier
 from runtime.topics import Topics
+
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 if find_mosquitto() is None:  # pragma: no cover
@@ -51,10 +60,10 @@ def fog(broker: MosquittoBroker, tmp_path: Path, request: pytest.FixtureRequest)
     svc.stop()
 
 
-def enrol(fog: Any, dev: "FakeDevice") -> None:
+def enrol(fog: Any, dev: FakeDevice) -> None:
     """``fogline devices add ID --key HEX`` on the fog host, then wait until the running fog trusts it."""
     fog.site.add_device(dev.id, dev.identity.public_key_bytes, time.time())
-    wait_for(lambda: dev.id in fog.device_keys)
+    wait_for(lambda: dev.id in fog.device_keys, 5)
 
 
 class FakeDevice:
@@ -98,16 +107,6 @@ class FakeDevice:
         self.client.stop()
 
 
-def wait_for(pred: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError("condition not met")
-
-
 def record(svc: Any, dev: str) -> Any:
     return svc.call(lambda: svc.registry.get(dev))
 
@@ -117,22 +116,22 @@ def test_only_enrolled_devices_are_heard_then_the_key_is_pinned(fog: Any, broker
     d = FakeDevice(broker.port, "dev-a")
     d.birth()
     d.state()
-    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) >= 2)
+    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) >= 2, 5)
     time.sleep(0.3)
     assert record(fog, "dev-a") is None and not d.got  # a stranger: no record, no rebirth
     enrol(fog, d)
     d.birth()
-    wait_for(lambda: (r := record(fog, "dev-a")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-a")) is not None and r.alive, 5)
     d.state(battery_level=0.5)
-    wait_for(lambda: record(fog, "dev-a").state is not None)
+    wait_for(lambda: record(fog, "dev-a").state is not None, 5)
     # an impostor with another key for the same id is refused
     evil = FakeDevice(broker.port, "dev-a", epoch=5)
     evil.birth()
-    wait_for(lambda: fog.rejections().get("bad signature", 0) >= 1)
+    wait_for(lambda: fog.rejections().get("bad signature", 0) >= 1, 5)
     assert record(fog, "dev-a").epoch == 1
     # a birth signed by the pinned key but announcing another key is refused too
     d.birth(public_key=Identity.generate("x").public_key_bytes)
-    wait_for(lambda: fog.rejections().get("key mismatch", 0) >= 1)
+    wait_for(lambda: fog.rejections().get("key mismatch", 0) >= 1, 5)
     d.close()
     evil.close()
 
@@ -141,7 +140,7 @@ def test_implausible_capacity_is_clamped_and_flagged(fog: Any, broker: Mosquitto
     d = FakeDevice(broker.port, "dev-big")
     enrol(fog, d)
     d.birth(flops=1e15, memory_bytes=64 << 40, state_interval_s=3600.0)
-    wait_for(lambda: (r := record(fog, "dev-big")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-big")) is not None and r.alive, 5)
     b = record(fog, "dev-big").birth
     assert b.state_interval_s <= 60 and b.flops <= 5e14 and b.memory_bytes <= 1 << 40
     st = fog.call(lambda: fog.status())
@@ -154,19 +153,20 @@ def test_replay_and_topic_mismatch_are_rejected(fog: Any, broker: MosquittoBroke
     d = FakeDevice(broker.port, "dev-b")
     enrol(fog, d)
     d.birth()
-    wait_for(lambda: (r := record(fog, "dev-b")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-b")) is not None and r.alive, 5)
     data = d.state()
     d.send("STATE", None, raw=data)  # the same envelope again
-    wait_for(lambda: fog.rejections().get("replayed", 0) >= 1)
+    wait_for(lambda: fog.rejections().get("replayed", 0) >= 1, 5)
     # a valid envelope of dev-b published on another enrolled device's topic
     c = FakeDevice(broker.port, "dev-c2")
     enrol(fog, c)
     other = d.signer.seal_bytes(DeviceState("dev-b", 1, 0, 1), time.time())
     d.client.publish(T.device("dev-c2", "STATE"), other).wait(2)
     wait_for(lambda: fog.rejections().get("bad signature", 0) + fog.rejections().get("topic mismatch", 0)
-             + fog.rejections().get("unknown sender", 0) >= 1)
+             + fog.rejections().get("unknown sender", 0) >= 1,
+             5)
     d.client.publish(T.device("dev-b", "STATE"), b"garbage").wait(2)
-    wait_for(lambda: fog.rejections().get("malformed", 0) >= 1)
+    wait_for(lambda: fog.rejections().get("malformed", 0) >= 1, 5)
     assert record(fog, "dev-b").alive
     d.close()
     c.close()
@@ -177,14 +177,14 @@ def test_rebirth_for_an_enrolled_device_and_deaths_only_for_the_current_epoch(fo
     d = FakeDevice(broker.port, "dev-c")
     enrol(fog, d)
     d.birth()
-    wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive, 5)
     fog.call(lambda: fog.registry.forget("dev-c"))  # as if the fog had never heard its birth
     d.event.clear()
     d.got.clear()
     d.state()
-    wait_for(lambda: any(isinstance(m, Rebirth) and m.device_id == "dev-c" for m in d.got))
+    wait_for(lambda: any(isinstance(m, Rebirth) and m.device_id == "dev-c" for m in d.got), 5)
     d.birth()
-    wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-c")) is not None and r.alive, 5)
     # an unsigned death is nothing; a sealed late Will of an older connection is ignored;
     # a sealed death naming a future epoch neither kills nor raises the epoch
     d.client.publish(T.device("dev-c", "DEATH"), codec.encode(DeviceDeath("dev-c", 1))).wait(2)
@@ -194,9 +194,9 @@ def test_rebirth_for_an_enrolled_device_and_deaths_only_for_the_current_epoch(fo
     r = record(fog, "dev-c")
     assert r.alive and r.epoch == 1
     d.send("DEATH", DeviceDeath("dev-c", 1))
-    wait_for(lambda: not record(fog, "dev-c").alive)
+    wait_for(lambda: not record(fog, "dev-c").alive, 5)
     d.birth()  # the same connection comes back: still epoch 1, accepted
-    wait_for(lambda: record(fog, "dev-c").alive)
+    wait_for(lambda: record(fog, "dev-c").alive, 5)
     d.close()
 
 
@@ -204,13 +204,13 @@ def test_revoked_device_is_cut_off(fog: Any, broker: MosquittoBroker) -> None:
     d = FakeDevice(broker.port, "dev-r")
     enrol(fog, d)
     d.birth()
-    wait_for(lambda: (r := record(fog, "dev-r")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-r")) is not None and r.alive, 5)
     fog.site.revoke_device("dev-r", time.time(), "stolen")
-    wait_for(lambda: "dev-r" not in fog.device_keys)
-    wait_for(lambda: record(fog, "dev-r") is None)
+    wait_for(lambda: "dev-r" not in fog.device_keys, 5)
+    wait_for(lambda: record(fog, "dev-r") is None, 5)
     before = fog.ingest.rejections().get("unknown sender", 0)
     d.state()
-    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) > before)
+    wait_for(lambda: fog.ingest.rejections().get("unknown sender", 0) > before, 5)
     assert record(fog, "dev-r") is None
     d.close()
 
@@ -245,28 +245,29 @@ def test_sealed_fog_state_summary_and_control_only_from_issued_identities(
     d.birth(battery_capacity_wh=10.0)
     d.state(battery_level=0.9)
     wait_for(lambda: isinstance(got.get("FleetSummary"), FleetSummary)
-             and any(x.device_id == "dev-d" for x in got["FleetSummary"].devices))
+             and any(x.device_id == "dev-d" for x in got["FleetSummary"].devices),
+             5)
     fs = got["FogState"]
     assert isinstance(fs, FogState) and fs.online and fs.public_key == fog.identity.public_key_bytes
     summ = next(x for x in got["FleetSummary"].devices if x.device_id == "dev-d")
     assert summ.fit_for_training and summ.battery_level == 0.9
     # a forged retained STATE is replaced by the fog's own at once
     c.publish(T.fog_state(), codec.encode(FogState(fog.config.fog_id, SITE, False, fog.epoch)), retain=True).wait(2)
-    wait_for(lambda: fog.counters["fog_state_reasserted"] >= 1)
-    wait_for(lambda: isinstance(got.get("FogState"), FogState) and got["FogState"].online)
+    wait_for(lambda: fog.counters["fog_state_reasserted"] >= 1, 5)
+    wait_for(lambda: isinstance(got.get("FogState"), FogState) and got["FogState"].online, 5)
     # unsigned control requests (status included) get no answer at all
     c.publish(T.control(), codec.encode(ControlRequest("r1", "deploy", T.reply("obs"), b"{}"))).wait(2)
     c.publish(T.control(), codec.encode(ControlRequest("r2", "status", T.reply("obs")))).wait(2)
-    wait_for(lambda: fog.counters["rejected:unsigned"] >= 2)
+    wait_for(lambda: fog.counters["rejected:unsigned"] >= 2, 5)
     # a key nobody issued, even under an issued name, is refused
     rogue = Signer(Identity.generate("op"), 1)
     c.publish(T.control(), rogue.seal_bytes(ControlRequest("r3", "status", T.reply("op")), time.time())).wait(2)
-    wait_for(lambda: fog.control.counters["rejected:unknown sender"] >= 1)
+    wait_for(lambda: fog.control.counters["rejected:unknown sender"] >= 1, 5)
     assert "ControlReply" not in got
     # issued identities: an operator may deploy, an app may not even ask for status
     op = _operator(fog, tmp_path)
     app = _operator(fog, tmp_path, "app1", "app")
-    wait_for(lambda: "app1" in fog.control.roles)
+    wait_for(lambda: "app1" in fog.control.roles, 5)
     with FogClient("127.0.0.1", broker.port, credentials=op, insecure=True) as oc:
         st = oc.status()
         assert st["site"] == SITE and any(x["id"] == "dev-d" for x in st["devices"])
@@ -287,7 +288,7 @@ def test_deploy_reaches_a_fake_device_and_its_ack_runs_it(fog: Any, broker: Mosq
     enrol(fog, d)
     d.birth()
     d.state()
-    wait_for(lambda: (r := record(fog, "dev-e")) is not None and r.alive)
+    wait_for(lambda: (r := record(fog, "dev-e")) is not None and r.alive, 5)
     op = _operator(fog, tmp_path)
     with FogClient("127.0.0.1", broker.port, credentials=op, insecure=True) as c:
         # a host path is never a model reference (no file read, no existence oracle)
@@ -304,3 +305,28 @@ def test_deploy_reaches_a_fake_device_and_its_ack_runs_it(fog: Any, broker: Mosq
         w = c.wait_running("m", 5)
         assert w["placement"][0]["partitions"][0]["device"] == "dev-e"
     d.close()
+
+
+def test_an_acl_the_broker_did_not_take_is_pushed_again(tmp_path: Path) -> None:
+    """A device enrolled last must get its rights even when that one ACL update failed its test load
+    (a busy machine): the fog tries again at its next trust poll instead of waiting for a later change."""
+    from fog_broker.service import FogService, ServiceConfig
+
+    pushed: list[str] = []
+    answers = iter([False, False, True])  # the broker refuses twice, then takes it
+
+    def on_acl(text: str) -> bool:
+        pushed.append(text)
+        return next(answers, True)
+
+    svc = FogService(ServiceConfig(data_dir=tmp_path / "fog", site="acl", trust_poll_s=0.05), on_acl=on_acl)
+    try:
+        assert len(pushed) == 1                  # at start: refused
+        svc.sync_trust()                         # nothing changed in trust.db, but the ACL is not in force yet
+        svc.sync_trust()
+        assert len(pushed) == 3 and pushed[0] == pushed[2]
+        svc.sync_trust()                         # taken: no more pushes
+        assert len(pushed) == 3
+    finally:
+        svc.store.close()
+        svc.site.close()

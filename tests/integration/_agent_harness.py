@@ -13,8 +13,9 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from edge_agent.testing import FogSigner
 from runtime import codec
@@ -23,6 +24,8 @@ from runtime.messages import Activation, DeviceBirth, DeviceDeath, Envelope, Mes
 from runtime.mqtt import Inbound, MqttClient
 from runtime.security import TrustStore, Verifier
 from runtime.topics import ACT, CMD, DEATH, Topics, parse
+
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,14 +143,8 @@ def status(data_dir: Path) -> dict[str, Any]:
 
 
 def wait_status(data_dir: Path, pred: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    st = status(data_dir)
-    while not pred(st):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"status never matched: {st}")
-        time.sleep(0.05)
-        st = status(data_dir)
-    return st
+    return wait_for(lambda: st if pred(st := status(data_dir)) else None, timeout,
+                    lambda: f"an agent status matching: {status(data_dir)}")
 
 
 def run_agent_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _agent_harness import REPO, FogSide, kill
 from edge_agent.testing import tiny_chain
-from runtime import codec
 from runtime.messages import DeviceBirth, DeviceDeath, InferenceResult
+
+from _agent_harness import REPO, FogSide, kill
 
 pytestmark = pytest.mark.integration
 

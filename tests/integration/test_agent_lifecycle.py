@@ -4,13 +4,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from _agent_harness import REPO, FogSide, kill, spawn_agent, wait_status
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState
+
+from _agent_harness import REPO, FogSide, kill, spawn_agent, wait_status
 
 pytestmark = pytest.mark.integration
 

@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 
-from _agent_harness import FogSide, kill, spawn_agent, wait_status
 from edge_agent.testing import tiny_chain
 from runtime import codec
-from runtime.messages import CommandAck, Deploy, DeviceState, Envelope, InferenceResult
+from runtime.messages import CommandAck, Deploy, DeviceState, InferenceResult
 from runtime.security import Identity, Signer
+
+from _agent_harness import FogSide, kill, spawn_agent, wait_status
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ Real processes on 127.0.0.1, driven from outside the way an operator would.
   an open-loop client. A seeded ``random.Random`` kills -9 three agents (one
   replica's worth at a time; two of them come back later with the same data
   dir, the last stays dead) and the fog broker once (restarted on the same data
-  dir; it re-attaches to the mosquitto it left running), in a random order at
+  dir; its mosquitto died with it and is started anew), in a random order at
   random times. Invariants: every request ends in an answer (a result or an
   explicit error); the only requests without an answer are those sent to a dead
   fog broker, inside its downtime window; every result equals the monolithic
@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.broker import find_mosquitto, free_port, wait_port
+from runtime.broker import find_mosquitto, free_port, port_open
 
-from _chaos_harness import PY, VENV_BIN, OpenLoop, Procs, base_env, new_site, read_ready, wait_for
+from _chaos_harness import PY, VENV_BIN, OpenLoop, Procs, base_env, new_site, read_ready
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -156,14 +157,14 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
     trust.close()
     for i in range(N_AGENTS):
         procs.start(f"dev-{i:02d}", _agent_args(i, port, site, tmp_path, token))
-    client = wait_for("an operator client", lambda: FogClient("127.0.0.1", port, credentials=ready["credentials"]),
-                      30)
+    client = wait_for(lambda: FogClient("127.0.0.1", port, credentials=ready["credentials"]),
+                      30, "an operator client", interval=0.2, retry_on=Exception)
     load: OpenLoop | None = None
     monitor_stop = threading.Event()
     snapshots: list[tuple[float, float, dict[str, Any]]] = []
     try:
-        wait_for(f"{N_AGENTS} devices alive",
-                 lambda: sum(d["alive"] for d in client.status(timeout=5)["devices"]) >= N_AGENTS, 120, poll=0.5)
+        wait_for(lambda: sum(d["alive"] for d in client.status(timeout=5)["devices"]) >= N_AGENTS,
+                 120, f"{N_AGENTS} devices alive", interval=0.5, retry_on=Exception)
         client.deploy({"name": "res", "tenant": "chaos", "priority": 10, "replicas": 2, "objective": "latency",
                        "source": SOURCE, "sink": SINK, "selectors": {}, "tolerations": [],
                        "model": "zoo:resnet", "min_partitions": 3, "max_partitions": 3}, timeout=60)
@@ -206,7 +207,7 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
             def step() -> Any:
                 pump()
                 return cond()
-            return wait_for(what, step, timeout, poll=0.3)
+            return wait_for(step, timeout, what, interval=0.3, retry_on=Exception)
 
         def restored(st: dict[str, Any], gone: str | None = None) -> bool:
             w = _workload(st, "res")
@@ -247,10 +248,10 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
                       lambda: restored(client.status(timeout=3), victim), 60)
                 ground.note(f"res restored after the loss of {victim}")
             else:
-                procs.kill9("fog")  # its verify workers too; mosquitto lives in its own session
+                procs.kill9("fog")  # its verify workers and its mosquitto die with it (no orphan broker)
                 t_kill = time.monotonic()
                 ground.note("kill -9 fog broker")
-                assert wait_port("127.0.0.1", port, 2.0), "mosquitto must outlive its fog broker"
+                until("mosquitto gone with its fog broker", lambda: not port_open("127.0.0.1", port), 10)
                 time.sleep(rng.uniform(0.5, 2.0))
                 fog = procs.start("fog", _fog_args(port, fog_dir, site), stdout_pipe=True)
                 ready = read_ready(fog, 60)
@@ -273,7 +274,7 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
             if any(ground.dead_at(d, time.monotonic()) is not None for _, _, d, _ in _scheduled(w)):
                 return None
             return st
-        st = wait_for("the fleet to settle", settled, 60, poll=0.5)
+        st = wait_for(settled, 60, "the fleet to settle", interval=0.5, retry_on=Exception)
         now = time.monotonic()
         for dev in st["devices"]:
             k = ground.dead_at(dev["id"], now)
@@ -395,7 +396,8 @@ def test_federated_chaos(procs: Procs, tmp_path: Path) -> None:
     note(f"fault plan: {faults}, supernode {node}")
     killed_after = 0
     for k, delay, what in faults:
-        wait_for(f"round {k} checkpoint", lambda k=k: latest() >= k, 120, poll=0.2)
+        wait_for(lambda k=k: latest() >= k, 120, f"round {k} checkpoint", interval=0.2,
+                 retry_on=Exception)
         time.sleep(delay)
         if what == "coordinator":
             if (ckpt / REPORT_FILE).exists():

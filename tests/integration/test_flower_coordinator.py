@@ -20,14 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 
-from _coordinator import Deployment, kill_tree  # noqa: E402
-from cloud_coordinator.app import bundled_app  # noqa: E402
-from cloud_coordinator.release import read_release  # noqa: E402
-from cloud_coordinator.store import CheckpointStore  # noqa: E402
-from runtime.messages import ModelRelease  # noqa: E402
-from runtime.security import ArtifactSignature, Identity, verify_artifact  # noqa: E402
+from cloud_coordinator.app import bundled_app
+from cloud_coordinator.release import read_release
+from cloud_coordinator.store import CheckpointStore
+from runtime.messages import ModelRelease
+from runtime.security import ArtifactSignature, Identity, verify_artifact
+
+from _coordinator import Deployment, kill_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 N = 4
@@ -133,10 +136,8 @@ def test_pytorch_app_release_is_served_by_the_fog_like_torch(tmp_path: Path) -> 
             alive = sum(d["alive"] for d in st["devices"])
             return rel if rel and rel["version"] == 2 and alive >= 2 else None
 
-        deadline = time.monotonic() + 60
-        while (rel := ready()) is None:
-            assert time.monotonic() < deadline, client.status()
-            time.sleep(0.5)
+        rel = wait_for(ready, 60, lambda: f"release v2 and two devices alive: {client.status()}",
+                       interval=0.5)
         assert rel["signer"] == "coord-lab"
         client.deploy({"name": "cnn", "tenant": "t", "priority": 5, "replicas": 1, "objective": "latency",
                        "source": "edge-0", "sink": "edge-1", "selectors": {}, "tolerations": [],

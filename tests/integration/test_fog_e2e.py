@@ -14,14 +14,17 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
-from runtime.broker import find_mosquitto, free_port, wait_port
+from runtime.broker import find_mosquitto, free_port
 from simulations.local_site import LocalSite
+
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -83,17 +86,6 @@ def _site() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-def _wait(pred: Any, timeout: float, what: str, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
-
-
 def _alive(c: Any) -> set[str]:
     return {d["id"] for d in c.status()["devices"] if d["alive"]}
 
@@ -126,7 +118,7 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     procs.agents(fog, spares, "agents-spare")
     workers = {f"w{i}": procs.agents(fog, [_worker(i, 400_000)], f"agent-w{i}") for i in range(3)}
     c = fog.client()
-    _wait(lambda: _alive(c) >= {"cam", "w0", "w1", "w2", "w3", "w4"}, 30, "6 agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2", "w3", "w4"}, 30, "6 agents alive")
     res = c.deploy({"workloads": [
         {"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}},
         {"name": "mlp2", "model": "zoo:mlp", "source": "cam", "sink": "cam", "replicas": 2,
@@ -138,7 +130,7 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     devices = [p["device"] for r in w["placement"] for p in r["partitions"]]
     assert len(devices) >= 2, w  # 513 KB of resnet on 400 KB devices: a chain of partitions
     # each agent timed its partition at load; the fog now places by those measured times
-    calibrated = _wait(lambda: set(_workload(c, "res")["measured_on"]), 15, "calibrated devices")
+    calibrated = wait_for(lambda: set(_workload(c, "res")["measured_on"]), 15, "calibrated devices")
     assert set(devices) <= calibrated
     x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
     out = c.infer("res", {"x": x}, timeout=10)
@@ -158,13 +150,13 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
         w2 = _workload(c, "res")
         devs = [p["device"] for r in w2["placement"] for p in r["partitions"]]
         return w2 if w2["healthy_replicas"] == 1 and victim not in devs else None
-    w2 = _wait(replaced, 15, "res re-placed")
+    w2 = wait_for(replaced, 15, "res re-placed")
     recovery = time.monotonic() - t_kill
     still = {(p["index"], p["device"]) for r in w2["placement"] for p in r["partitions"]}
     assert keep <= still, "healthy partitions must stay where they were"
     out = c.infer("res", {"x": x}, timeout=10)
     np.testing.assert_allclose(out["logits"], _reference("resnet", x), rtol=1e-4, atol=1e-5)
-    _wait(lambda: _workload(c, "mlp2")["healthy_replicas"] == 2, 15, "mlp2 back to 2 replicas")
+    wait_for(lambda: _workload(c, "mlp2")["healthy_replicas"] == 2, 15, "mlp2 back to 2 replicas")
     st = c.status()
     dead = [d for d in st["devices"] if d["id"] == victim][0]
     assert not dead["alive"] and dead["lost_reason"] == "will"
@@ -179,11 +171,11 @@ def test_quota_priority_and_preemption(procs: Procs, tmp_path: Path) -> None:
     # two workers that each hold one resnet (513 KB) but not two
     procs.agents(fog, [CAM, _worker(0, 700_000), _worker(1, 700_000)], "agents")
     c = fog.client()
-    _wait(lambda: _alive(c) >= {"cam", "w0", "w1"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1"}, 30, "agents alive")
     base = {"model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}}
     # quota: tenant q may use 100 KB -> pending with the quota reason
     c.deploy({"workloads": [{**base, "name": "over-quota", "tenant": "q"}], "quotas": {"q": {"memory_bytes": 100_000}}})
-    w = _wait(lambda: (x := _workload(c, "over-quota"))["reasons"] and x, 10, "quota reason")
+    w = wait_for(lambda: (x := _workload(c, "over-quota"))["reasons"] and x, 10, "quota reason")
     assert w["status"] == "pending" and "quota" in w["reasons"], w
     with pytest.raises(Exception, match="no running replica"):
         c.infer("over-quota", {"x": np.zeros((1, 3, 32, 32), np.float32)}, timeout=3)
@@ -193,14 +185,15 @@ def test_quota_priority_and_preemption(procs: Procs, tmp_path: Path) -> None:
     # high priority needs one worker: preempts low, which cannot fit any more
     c.deploy({**base, "name": "high", "priority": 10})
     c.wait_running("high", 30)
-    low = _wait(lambda: (x := _workload(c, "low"))["status"] == "pending" and x, 10, "low preempted")
+    low = wait_for(lambda: (x := _workload(c, "low"))["status"] == "pending" and x, 10,
+                   "low preempted")
     assert "preempted" in low["reasons"] and low["evicted"], low
     x = np.random.default_rng(2).random((1, 3, 32, 32), dtype=np.float32)
     np.testing.assert_allclose(c.infer("high", {"x": x}, timeout=10)["logits"], _reference("resnet", x),
                                rtol=1e-4, atol=1e-5)
     # the evicted partitions are gone from the devices
-    _wait(lambda: not any("low/" in p for d in c.status()["devices"] for p in d["partitions"]), 10,
-          "low undeployed")
+    wait_for(lambda: not any("low/" in p for d in c.status()["devices"] for p in d["partitions"]),
+             10, "low undeployed")
     # deleting high lets low back in
     c.delete("high")
     c.wait_running("low", 30)
@@ -214,7 +207,7 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     fog = procs.fog(data, site, port=port)  # owns mosquitto
     procs.agents(fog, [CAM, _worker(0, 400_000), _worker(1, 400_000), _worker(2, 400_000)], "agents")
     c = fog.client()
-    _wait(lambda: _alive(c) >= {"cam", "w0", "w1", "w2"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2"}, 30, "agents alive")
     # CLI deploy (one workload file), status --json, infer
     wl = tmp_path / "workload.json"
     wl.write_text(json.dumps({"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam",
@@ -237,16 +230,18 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     np.testing.assert_allclose(np.array(json.loads(r.stdout)["outputs"]["logits"], dtype=np.float32),
                                _reference("resnet", x), rtol=1e-4, atol=1e-5)
 
-    fog.kill_fog_only()  # the fog process only: its mosquitto keeps running
-    assert wait_port("127.0.0.1", port, 1.0)
-    fog2 = procs.fog(data, site, port=port, name="fog2")  # re-attaches to the orphaned mosquitto
+    mosquitto = json.loads((data / "mqtt" / "owner.json").read_text())["pid"]
+    fog.kill_fog_only()  # a fog crash: its mosquitto must not outlive it (no orphan holds the port)
+    wait_for(lambda: not Path(f"/proc/{mosquitto}").exists() or
+             Path(f"/proc/{mosquitto}/stat").read_text().split()[2] == "Z", 10, "mosquitto gone with its fog")
+    fog2 = procs.fog(data, site, port=port, name="fog2")  # a new mosquitto; agents reconnect, partitions stay
 
     def settled() -> Any:
         st = c.status()
         w = next((x for x in st["workloads"] if x["name"] == "res"), None)
         return st if st["ready"] and st["epoch"] == 2 and w and w["healthy_replicas"] == 1 else None
     try:
-        st = _wait(settled, 20, "restarted fog ready with res running")
+        st = wait_for(settled, 20, "restarted fog ready with res running")
     except Exception:
         assert fog2.proc is not None
         os.kill(fog2.proc.pid, signal.SIGUSR1)
@@ -275,16 +270,16 @@ def test_hung_agent_is_declared_dead_by_the_state_deadline(procs: Procs, tmp_pat
     hung = procs.agents(fog, [_worker(0, 400_000)], "agent-hung")
     procs.agents(fog, [CAM], "agent-cam")
     c = fog.client()
-    _wait(lambda: _alive(c) >= {"cam", "w0"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0"}, 30, "agents alive")
     t0 = time.monotonic()
     os.killpg(hung.pid, signal.SIGSTOP)
     try:
-        _wait(lambda: "w0" not in _alive(c), 10, "w0 declared dead")
+        wait_for(lambda: "w0" not in _alive(c), 10, "w0 declared dead")
         took = time.monotonic() - t0
         dev = next(d for d in c.status()["devices"] if d["id"] == "w0")
         assert dev["lost_reason"] == "missed state adverts", dev
         print(f"hung agent declared dead after {took:.2f} s")  # the reason above, not a timing, is the check
     finally:
         os.killpg(hung.pid, signal.SIGCONT)
-    _wait(lambda: "w0" in _alive(c), 15, "w0 back after SIGCONT (rebirth)")
+    wait_for(lambda: "w0" in _alive(c), 15, "w0 back after SIGCONT (rebirth)")
     c.close()

@@ -28,11 +28,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 
-from _coordinator import VENV_BIN, Deployment, kill_tree
-
 from cloud_coordinator.app import bundled_app
 from runtime.broker import free_port
 from simulations.wan_relay import WanLink
+
+from _coordinator import VENV_BIN, Deployment, kill_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 SITES = ("site-a", "site-b", "site-c")

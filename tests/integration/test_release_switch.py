@@ -34,6 +34,8 @@ from runtime.security import Identity, sign_artifact
 from runtime.topics import Topics
 from simulations.local_site import LocalSite
 
+from waiting import wait_for
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
 
@@ -42,17 +44,6 @@ def _release(signer: Identity, name: str, version: int, blob: bytes) -> ModelRel
     """A release as ``cloud_coordinator.release.build_release`` makes it (the signed metadata names it)."""
     sig = sign_artifact(signer, blob, {"workload": name, "version": str(version), "format": "onnx"})
     return ModelRelease(name, version, sig.sha256, blob, sig.signature, signer.name, dict(sig.metadata))
-
-
-def _wait(pred: Any, timeout: float, what: str, step: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
 
 
 def _reference(model: Any, x: np.ndarray) -> np.ndarray:
@@ -121,8 +112,9 @@ def test_release_rollout_switches_without_a_failed_request(site: tuple[LocalSite
     op = fog.client()
     coord = load_credentials(fog.credentials("coord"))
     apps = [fog.client(n) for n in ("app1", "app2")]
-    _wait(lambda: {d["id"] for d in op.status()["devices"] if d["alive"]} >= {"cam", "w0", "w1", "w2", "w3"},
-          30, "5 agents alive")
+    everyone = {"cam", "w0", "w1", "w2", "w3"}
+    wait_for(lambda: {d["id"] for d in op.status()["devices"] if d["alive"]} >= everyone, 30,
+             "5 agents alive")
 
     def publish(msg: ModelRelease) -> None:
         c = MqttClient(coord.name, "127.0.0.1", fog.port,
@@ -141,7 +133,7 @@ def test_release_rollout_switches_without_a_failed_request(site: tuple[LocalSite
     assert not np.allclose(ref_old, ref_new, atol=1e-3)
 
     publish(_release(coord.signing, "m", 1, old_model.SerializeToString()))
-    _wait(lambda: "m" in op.status()["releases"], 15, "release m v1 accepted")
+    wait_for(lambda: "m" in op.status()["releases"], 15, "release m v1 accepted")
     op.deploy({"name": "follow", "model": "release:m", "source": "cam", "sink": "cam", "replicas": 2,
                "min_partitions": 2, "selectors": {"role": "worker"}})
     w1 = op.wait_running("follow", 30)
@@ -165,7 +157,7 @@ def test_release_rollout_switches_without_a_failed_request(site: tuple[LocalSite
             if w["switch"] is not None:
                 views.append(w["switch"])
             return w if w["version"] > v1 and w["healthy_replicas"] == 2 and w["switch"] is None else None
-        w2 = _wait(switched, 30, "follow switched to the new release, the old partitions gone")
+        w2 = wait_for(switched, 30, "follow switched to the new release, the old partitions gone")
         t_done = time.monotonic()
         time.sleep(1.5)  # the new version answers
     finally:

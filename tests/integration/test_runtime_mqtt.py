@@ -47,7 +47,7 @@ class Inbox:
         except queue.Empty:
             raise AssertionError(f"nothing arrived within {timeout} s") from None
 
-    def until(self, predicate: "callable[[Inbound], bool]", timeout: float) -> list[Inbound]:  # type: ignore[valid-type]
+    def until(self, predicate: callable[[Inbound], bool], timeout: float) -> list[Inbound]:  # type: ignore[valid-type]
         """Messages received up to and including the first that satisfies ``predicate``."""
         seen: list[Inbound] = []
         deadline = time.monotonic() + timeout

@@ -77,7 +77,7 @@ def made() -> Iterator[list[MqttClient]]:
 
 
 def client(made: list[MqttClient], name: str, broker: MosquittoBroker, tls: TlsConfig,
-           subs: dict[str, "queue.Queue[Inbound]"] | None = None) -> MqttClient:
+           subs: dict[str, queue.Queue[Inbound]] | None = None) -> MqttClient:
     c = MqttClient(name, broker.host, broker.port, tls=tls)
     for topic, q in (subs or {}).items():
         c.subscribe(topic, q.put)
@@ -87,7 +87,7 @@ def client(made: list[MqttClient], name: str, broker: MosquittoBroker, tls: TlsC
     return c
 
 
-def drain_until_marker(q: "queue.Queue[Inbound]", timeout: float = 5.0, marker: bytes = MARK) -> list[Inbound]:
+def drain_until_marker(q: queue.Queue[Inbound], timeout: float = 5.0, marker: bytes = MARK) -> list[Inbound]:
     seen = []
     deadline = time.monotonic() + timeout
     while True:
@@ -101,7 +101,7 @@ def drain_until_marker(q: "queue.Queue[Inbound]", timeout: float = 5.0, marker: 
             seen.append(msg)
 
 
-def wait_live(q: "queue.Queue[Inbound]", publisher: MqttClient, topic: str) -> None:
+def wait_live(q: queue.Queue[Inbound], publisher: MqttClient, topic: str) -> None:
     """Publish probes on an allowed topic until one arrives: the subscription is live."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

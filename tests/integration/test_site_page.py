@@ -28,6 +28,8 @@ import pytest
 from runtime.broker import find_mosquitto
 from simulations.local_site import LocalSite
 
+from waiting import wait_for
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -50,20 +52,6 @@ return {
   conn: document.getElementById('conn').className,
 };
 """
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except Exception as exc:  # noqa: BLE001 - a DOM node replaced between two calls: look again
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
 
 
 class Agents:
@@ -193,7 +181,8 @@ def test_site_page_in_headless_chromium(site: LocalSite, tmp_path: Path) -> None
                       *({"id": d, "memory": 400_000, "labels": {"role": "worker", "power-domain": pd}}
                         for d, pd in WORKERS.items())])
         everyone = {"cam", "gw", *WORKERS}
-        wait_for(lambda: {d["id"] for d in client.status()["devices"] if d["alive"]} >= everyone, 30, "agents alive")
+        wait_for(lambda: {d["id"] for d in client.status()["devices"] if d["alive"]} >= everyone,
+                 30, "agents alive", retry_on=Exception)
         client.deploy({"workloads": [
             {"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}},
             {"name": "mlp2", "model": "zoo:mlp", "source": "cam", "sink": "cam", "replicas": 2,
@@ -219,7 +208,8 @@ def test_site_page_in_headless_chromium(site: LocalSite, tmp_path: Path) -> None
 
         def shows(pred: Callable[[dict[str, Any]], Any], timeout: float, what: str) -> dict[str, Any]:
             """The first DOM snapshot for which ``pred`` holds (the page polls by itself)."""
-            return dict(wait_for(lambda: x if pred(x := dom()) else None, timeout, what))
+            return dict(wait_for(lambda: x if pred(x := dom()) else None, timeout, what,
+                                 retry_on=Exception))
 
         d = shows(lambda x: x["devices"].keys() == everyone and x["chains"], 20, "the map")
         # devices grouped by power domain; the spare without one in its own group, last
@@ -254,7 +244,8 @@ def test_site_page_in_headless_chromium(site: LocalSite, tmp_path: Path) -> None
         # once res is re-placed, its new chain is drawn again, on live devices only
         wait_for(lambda: (w := next(w for w in client.status()["workloads"] if w["name"] == "res"))
                  ["healthy_replicas"] == 1 and victim not in {p["device"] for r in w["placement"]
-                                                              for p in r["partitions"]}, 30, "res re-placed")
+                                                              for p in r["partitions"]},
+                 30, "res re-placed", retry_on=Exception)
 
         def res_back(x: dict[str, Any]) -> bool:
             res_shown = [p for p in x["parts"] if p["workload"] == "res"]

@@ -15,10 +15,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 
-from _coordinator import Deployment
-
 from cloud_coordinator.app import bundled_app
 from runtime.broker import find_mosquitto
+
+from _coordinator import Deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -40,7 +40,9 @@ def test_coordinator_serves_two_sites_with_staged_releases(tmp_path: Path) -> No
         coord = dep.coordinator("--app", str(bundled_app("digits")), "--rounds", "2", "--rule", "mean", "--f", "0",
                                 "--min-clients", "2", "--num-partitions", "2", "--round-timeout", "60", "--grace", "1",
                                 "--timeout", "240", "--no-supernode-auth", "--rollout-wait", "60",
-                                "--site", f"a={creds['a']}", "--site", f"b={creds['b']}", "--canary", "b")
+                                "--site", f"a={creds['a']}", "--site", f"b={creds['b']}", "--canary", "b",
+                                # no workload serves the releases here: the canary cannot check them
+                                "--rollout-set", "allow_unchecked_canary=true")
         dep.wait_file(dep.ck / "superlink.json", 60)
         for i in range(2):
             dep.node(f"dev-{i}", None, f"partition-id={i} num-partitions=2", insecure=True)

@@ -34,8 +34,6 @@ from models.profile import profile_model
 
 from chain_helpers import split_and_compare
 
-
-
 ort = pytest.importorskip("onnxruntime")
 TOL = 1e-5
 

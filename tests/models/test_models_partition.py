@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from models import zoo
 from models.cuts import chain_profile, enumerate_cuts
 from models.errors import ModelError
-from models.graph import analyze
 from models.partition import Partitioner, split, split_by_segments
 from models.profile import profile_model
 

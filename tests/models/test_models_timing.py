@@ -5,7 +5,6 @@ chain's latency is a benchmark figure (``fogline bench models``), not a test.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -19,12 +18,9 @@ from models.timing import SegmentTimes, time_segments
 
 
 def _cli(argv: list[str]) -> int:
-    from models import cli
+    from runtime.cli import main  # the whole command: bad arguments are one "error:" line, exit 2
 
-    parser = argparse.ArgumentParser(prog="fogline")
-    cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    return main(argv)
 
 
 @pytest.mark.parametrize("how", ["default", "positions", "profile"])
@@ -78,7 +74,7 @@ def test_cli_json_and_device_class(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--providers", "NoSuchExecutionProvider"], "is not available here"),
     (["--cuts", "x"], "--cuts expects"),
-    (["--repeats", "0"], "--repeats and --threads must be >= 1"),
+    (["--repeats", "0"], "--repeats: 0 is out of range"),
 ])
 def test_cli_errors_exit_2(tmp_path: Path, capsys, extra: list[str], needle: str) -> None:
     path = tmp_path / "mlp.onnx"

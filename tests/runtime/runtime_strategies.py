@@ -29,7 +29,8 @@ DTYPES = [np.dtype(d) for d in (
 )]
 
 ID_ALPHABET = st.characters(blacklist_characters="/+#\x00", blacklist_categories=("Cs",))
-ids = st.text(ID_ALPHABET, min_size=1, max_size=16)
+# topic levels: identifiers of runtime.ids (the one grammar)
+ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,15}", fullmatch=True).filter(lambda s: ".." not in s)
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=24)
 ints = st.one_of(st.integers(0, 1000), st.integers(0, 2**63 - 1))
 floats = st.one_of(st.floats(0.0, 1.0), st.floats(0.0, 1e12), st.sampled_from([0.0, 1.5, 1e-300]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 
 from runtime import codec
 from runtime.errors import DecodeError, LocalViolation
-from runtime.messages import MESSAGE_TYPES, Activation, Hop, InferenceRequest, InferenceResult, Message
+from runtime.messages import (
+    MESSAGE_TYPES,
+    Activation,
+    Hop,
+    InferenceRequest,
+    InferenceResult,
+    Message,
+)
 
 from runtime_strategies import DTYPES, arrays, assert_same, bounded, iter_arrays, records
 

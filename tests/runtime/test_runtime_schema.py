@@ -10,7 +10,14 @@ import pytest
 from runtime._schema import Record, from_wire, schema_of, to_wire
 from runtime.errors import LocalViolation, RemoteViolation
 from runtime.messages import (
-    MESSAGE_TYPES, Activation, DeviceBirth, DeviceState, FleetSummary, DeviceSummary, Hop, PartitionStatus,
+    MESSAGE_TYPES,
+    Activation,
+    DeviceBirth,
+    DeviceState,
+    DeviceSummary,
+    FleetSummary,
+    Hop,
+    PartitionStatus,
     Taint,
 )
 

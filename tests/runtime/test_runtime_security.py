@@ -5,8 +5,9 @@ import dataclasses
 import math
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -17,7 +18,13 @@ from runtime import codec, security
 from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
 from runtime.messages import CommandAck, DeviceDeath, Envelope
 from runtime.security import (
-    ArtifactSignature, Identity, Signer, TrustStore, Verifier, sign_artifact, verify_artifact,
+    ArtifactSignature,
+    Identity,
+    Signer,
+    TrustStore,
+    Verifier,
+    sign_artifact,
+    verify_artifact,
 )
 
 from runtime_strategies import bounded

@@ -15,8 +15,21 @@ from runtime import codec
 from runtime.errors import LocalViolation, SecurityError
 from runtime.messages import CommandAck, DeviceBirth, DeviceState, Envelope
 from runtime.security import (
-    BAD_SIGNATURE, MAC_LEN, NO_SESSION, OUTSIDE_WINDOW, REPLAYED, STALE_EPOCH, UNKNOWN_SENDER,
-    Identity, SessionKeyPair, Signer, TrustStore, Verifier, mac_tag, sign_session_offer, verify_session_offer,
+    BAD_SIGNATURE,
+    MAC_LEN,
+    NO_SESSION,
+    OUTSIDE_WINDOW,
+    REPLAYED,
+    STALE_EPOCH,
+    UNKNOWN_SENDER,
+    Identity,
+    SessionKeyPair,
+    Signer,
+    TrustStore,
+    Verifier,
+    mac_tag,
+    sign_session_offer,
+    verify_session_offer,
 )
 
 NOW = 1_700_000_000.0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from edge_agent.testing import FogSigner
-from runtime.credentials import FogInfo, load_credentials, Credentials
+from runtime.credentials import Credentials, FogInfo, load_credentials
 from runtime.messages import DeviceSummary, FleetSummary
 from runtime.pki import SiteCA
 from runtime.security import Identity
@@ -69,6 +69,7 @@ class Deployment:
     def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.ck = root / "ck"
+        self.host = "127.0.0.1"  # the SuperLink address devices dial (a test may use another loopback address)
         self.port = free_port()
         self.env = dict(env or os.environ)
         self.env.update({"PATH": f"{VENV_BIN}{os.pathsep}{self.env.get('PATH', '')}", "FLWR_TELEMETRY_ENABLED": "0",
@@ -91,7 +92,7 @@ class Deployment:
 
     def node(self, name: str, key: Path | None, node_config: str, *, insecure: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115
-        cmd = [str(VENV_BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--port",
+        cmd = [str(VENV_BIN / "flower-supernode"), "--superlink", f"{self.host}:{self.port}", "--port",
                str(free_port()), "--node-config", node_config]
         if insecure:
             cmd.append("--insecure")
@@ -105,11 +106,12 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
-    def coordinator(self, *argv: str, log_name: str = "coordinator") -> subprocess.Popen[bytes]:
+    def coordinator(self, *argv: str, log_name: str = "coordinator", cwd: Path | None = None
+                    ) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{log_name}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen([str(VENV_BIN / "fogline"), "-v", "coordinator", "--checkpoint-dir", str(self.ck),
-                                 "--superlink", f"127.0.0.1:{self.port}", *argv],
-                                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                 "--superlink", f"{self.host}:{self.port}", *argv],
+                                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True, cwd=cwd)
         log.close()
         self.procs.append(proc)
         return proc

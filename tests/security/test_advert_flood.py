@@ -19,20 +19,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import REPO, kill, wait_status  # noqa: E402
-from runtime.broker import find_mosquitto  # noqa: E402
-from runtime.messages import DeviceBirth, DeviceState  # noqa: E402
-from runtime.mqtt import Inbound, MqttClient, TlsConfig  # noqa: E402
-from runtime.security import Identity, Signer  # noqa: E402
-from runtime.topics import Topics  # noqa: E402
-from simulations.local_site import LocalSite  # noqa: E402
+from runtime.broker import find_mosquitto
+from runtime.messages import DeviceBirth, DeviceState
+from runtime.mqtt import Inbound, MqttClient, TlsConfig
+from runtime.security import Identity, Signer
+from runtime.topics import Topics
+from simulations.local_site import LocalSite
+
+from _agent_harness import REPO, kill, wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
@@ -79,7 +83,7 @@ class StatusProbe:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             self._stop.wait(0.2)
 
-    def __enter__(self) -> "StatusProbe":
+    def __enter__(self) -> StatusProbe:
         self._t.start()
         return self
 
@@ -99,16 +103,6 @@ def flood(port: int, name: str, tls: TlsConfig | None, msgs: list[tuple[str, byt
         assert last is not None and last.wait(120)
     finally:
         c.stop()
-
-
-def _wait(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout:g} s")
 
 
 def _status_of(site: LocalSite, name: str) -> Callable[[], dict[str, Any]]:
@@ -186,7 +180,7 @@ def test_the_fog_keeps_no_record_and_sends_no_rebirth_for_strangers(open_site: L
                                  "--data-dir", str(data), "--insecure", "--fog-key", site.ready["public_key"],
                                  "--state-interval", "1", "--threads", "1"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
-    commands: "queue.Queue[Inbound]" = queue.Queue()
+    commands: queue.Queue[Inbound] = queue.Queue()
     obs = MqttClient(f"obs-{time.time_ns()}", "127.0.0.1", site.port)
     obs.subscribe(T.all_devices("CMD"), commands.put)
     obs.subscribe(T.rebirth(), commands.put)
@@ -195,16 +189,16 @@ def test_the_fog_keeps_no_record_and_sends_no_rebirth_for_strangers(open_site: L
         assert obs.wait_connected(10)
         wait_status(data, lambda s: s.get("phase") == "online", timeout=30)
         ask = _status_of(site, "watch2")
-        _wait(lambda: any(d["id"] == "dev-f" and d["alive"] for d in ask()["devices"]), 20, "dev-f alive")
+        wait_for(lambda: any(d["id"] == "dev-f" and d["alive"] for d in ask()["devices"]), 20, "dev-f alive")
         msgs = adverts()
         before = ask()
         while not commands.empty():
             commands.get_nowait()
         with StatusProbe(_status_of(site, "watch")) as probe:
             flood(site.port, f"anon-{time.time_ns()}", None, msgs)
-            seen = _wait(lambda: (s := ask())["counters"].get("verifier.unknown sender", 0)
-                         - before["counters"].get("verifier.unknown sender", 0) >= 0.9 * FLOOD and s, 60,
-                         "the fog counted the flood")
+            seen = wait_for(lambda: (s := ask())["counters"].get("verifier.unknown sender", 0)
+                         - before["counters"].get("verifier.unknown sender", 0) >= 0.9 * FLOOD and s,
+                            60, "the fog counted the flood")
         after = ask()
         _check_after(before, probe, after)
         assert seen["counters"]["verifier.unknown sender"] <= before["counters"].get("verifier.unknown sender",

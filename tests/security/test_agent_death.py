@@ -14,11 +14,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import FogSide, kill, run_agent_cli, spawn_agent  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.errors import RemoteViolation  # noqa: E402
-from runtime.messages import DeviceBirth, DeviceDeath, Envelope  # noqa: E402
-from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
+from runtime import codec
+from runtime.errors import RemoteViolation
+from runtime.messages import DeviceBirth, DeviceDeath, Envelope
+from runtime.security import Identity, Signer, TrustStore, Verifier
+
+from _agent_harness import FogSide, kill, run_agent_cli, spawn_agent
 
 pytestmark = pytest.mark.integration
 

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import FogSide, error_lines, kill, run_agent_cli, spawn_agent, wait_status  # noqa: E402
-from edge_agent.testing import FogSigner  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.messages import DeviceBirth, FogState  # noqa: E402
+from edge_agent.testing import FogSigner
+from runtime import codec
+from runtime.messages import DeviceBirth, FogState
+
+from _agent_harness import FogSide, error_lines, kill, run_agent_cli, spawn_agent, wait_status
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import FogSide, kill, spawn_agent, wait_status  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.messages import DeviceBirth, FogState  # noqa: E402
+from runtime import codec
+from runtime.messages import DeviceBirth, FogState
+
+from _agent_harness import FogSide, kill, spawn_agent, wait_status
 
 pytestmark = pytest.mark.integration
 

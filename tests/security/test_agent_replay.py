@@ -14,8 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import FogSide, kill, spawn_agent, wait_status  # noqa: E402
-from edge_agent.testing import tiny_chain  # noqa: E402
+from edge_agent.testing import tiny_chain
+
+from _agent_harness import FogSide, kill, spawn_agent, wait_status
 
 pytestmark = pytest.mark.integration
 

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from _coordinator import Deployment
 from cloud_coordinator.supernodes import devices_of, key_id
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cloud_coordinator"))
-from _grid import LocalGrid, pull_client  # noqa: E402
+from _coordinator import Deployment
 
-from cloud_coordinator.strategy import RobustStrategy  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cloud_coordinator"))
+from cloud_coordinator.strategy import RobustStrategy
+
+from _grid import LocalGrid, pull_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

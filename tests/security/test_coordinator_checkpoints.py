@@ -26,7 +26,7 @@ from runtime.errors import LocalViolation
 from runtime.security import Identity, sign_artifact
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cloud_coordinator"))
-from _grid import LocalGrid, pull_client  # noqa: E402
+from _grid import LocalGrid, pull_client
 
 
 def _run(dirs: list[Path], rounds: int) -> ArrayRecord:

@@ -14,21 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from _coordinator import FogSigner, make_credentials, summary
 from cloud_coordinator.foglink import FogLink
 from cloud_coordinator.summaries import read_summaries, summary_path
 from runtime import codec
 from runtime.mqtt import MqttClient
 from runtime.topics import Topics
 
+from _coordinator import FogSigner, make_credentials, summary
+from waiting import wait_for
+
 pytestmark = pytest.mark.integration
-
-
-def _wait(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_forged_summaries_write_nothing_and_the_real_one_is_kept(mosquitto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -54,7 +49,7 @@ def test_forged_summaries_write_nothing_and_the_real_one_is_kept(mosquitto, tmp_
         ]
         for payload in attacks:
             assert pub.publish(topic, payload, retain=True).wait(5)
-        _wait(lambda: sum(link.refused.values()) >= len(attacks))
+        wait_for(lambda: sum(link.refused.values()) >= len(attacks), 10)
         assert link.accepted == 0
         assert not (work / "summaries").exists() or not any((work / "summaries").iterdir())
         assert not (tmp_path / "escape").exists() and not Path("/tmp/abs.summary").exists()
@@ -62,7 +57,7 @@ def test_forged_summaries_write_nothing_and_the_real_one_is_kept(mosquitto, tmp_
                 "malformed"} <= set(link.refused)
         # the legitimate path: the real fog's sealed summary is stored under a hashed name and reads back
         assert pub.publish(topic, fog.signer.seal_bytes(summary(fog, ("dev-7",)), time.time()), retain=True).wait(5)
-        _wait(lambda: link.accepted == 1)
+        wait_for(lambda: link.accepted == 1, 10)
         files = list((work / "summaries").iterdir())
         assert files == [summary_path(work / "summaries", "fog-a")] and "fog-a" not in files[0].name
         got = read_summaries(work / "summaries", {"fog-a": fog.public_key}, {"fog-a": "lab"})
@@ -70,7 +65,7 @@ def test_forged_summaries_write_nothing_and_the_real_one_is_kept(mosquitto, tmp_
         # an older (replayed) summary never replaces a newer one
         assert pub.publish(topic, fog.signer.seal_bytes(summary(fog, ("old",), ts=1.0), time.time()),
                            retain=True).wait(5)
-        _wait(lambda: link.refused.get("older than the stored summary", 0) == 1)
+        wait_for(lambda: link.refused.get("older than the stored summary", 0) == 1, 10)
     finally:
         pub.stop()
         link.stop()
@@ -100,7 +95,7 @@ def test_against_the_real_fog_over_tls(tmp_path: Path) -> None:
         link = FogLink.connect(site.mqtt, creds, tmp_path / "coord")
         link.start()
         try:
-            _wait(lambda: link.accepted >= 1, 20)
+            wait_for(lambda: link.accepted >= 1, 20)
             assert not link.refused
         finally:
             link.stop()
@@ -112,7 +107,7 @@ def test_against_the_real_fog_over_tls(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         client = site.client()
         try:
-            _wait(lambda: (client.status().get("releases") or {}).get("digits", {}).get("version") == 3, 15)
+            wait_for(lambda: (client.status().get("releases") or {}).get("digits", {}).get("version") == 3, 15)
             assert client.status()["releases"]["digits"]["signer"] == "coord-1"
         finally:
             client.close()

@@ -22,26 +22,37 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import REPO, kill, status as agent_status, wait_status  # noqa: E402
-from edge_agent.testing import FogSigner  # noqa: E402
-from runtime import codec, relay  # noqa: E402
-from runtime.broker import find_mosquitto  # noqa: E402
-from runtime.messages import (  # noqa: E402
-    Activation, ControlRequest, Hop, InferenceRequest, InferenceResult, Relay, Tensors,
+from edge_agent.testing import FogSigner
+from runtime import codec, relay
+from runtime.broker import find_mosquitto
+from runtime.messages import (
+    Activation,
+    ControlRequest,
+    Hop,
+    InferenceRequest,
+    InferenceResult,
+    Relay,
+    Tensors,
 )
-from runtime.mqtt import Inbound, MqttClient  # noqa: E402
-from runtime.security import Identity, Signer  # noqa: E402
-from runtime.topics import Topics  # noqa: E402
-from simulations.local_site import LocalSite  # noqa: E402
+from runtime.mqtt import Inbound, MqttClient
+from runtime.security import Identity, Signer
+from runtime.topics import Topics
+from simulations.local_site import LocalSite
+
+from _agent_harness import REPO, kill, wait_status
+from _agent_harness import status as agent_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
@@ -54,7 +65,7 @@ FOG_REPLY = T.reply("fog-default")
 @dataclass
 class Plane:
     site: LocalSite
-    agent: "subprocess.Popen[bytes]"
+    agent: subprocess.Popen[bytes]
     dev_data: Path
     evil_data: Path
     version: int
@@ -71,16 +82,6 @@ class Plane:
         c.start()
         assert c.wait_connected(10), c.last_error
         return c
-
-
-def _wait(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout:g} s")
 
 
 def _reference(x: np.ndarray) -> np.ndarray:
@@ -128,10 +129,10 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
 class Stopped:
     """SIGSTOP the victim agent for a moment: the fog's attempt stays pending (well under its liveness)."""
 
-    def __init__(self, proc: "subprocess.Popen[bytes]") -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
 
-    def __enter__(self) -> "Stopped":
+    def __enter__(self) -> Stopped:
         os.kill(self.proc.pid, signal.SIGSTOP)
         return self
 
@@ -170,7 +171,7 @@ def test_legitimate_inference_through_the_real_agent(plane: Plane, tmp_path: Pat
 
 
 def test_an_enrolled_device_reads_no_one_else_s_traffic(plane: Plane) -> None:
-    got: "queue.Queue[Inbound]" = queue.Queue()
+    got: queue.Queue[Inbound] = queue.Queue()
     e = plane.evil_client({f"{T.base}/#": got.put})
     try:
         first = got.get(timeout=10)  # the subscription works: the retained fog STATE is everyone's
@@ -200,7 +201,7 @@ def test_an_enrolled_device_cannot_answer_someone_else_s_inference(plane: Plane)
         base = _watch(plane.site)["counters"]
         with Stopped(plane.agent):
             t = _pending_infer(c, rid, x, box)
-            _wait(lambda: _accepted(plane.site) > base.get("router.accepted", 0), 10, "request pending")
+            wait_for(lambda: _accepted(plane.site) > base.get("router.accepted", 0), 10, "request pending")
             e = plane.evil_client()
             try:
                 res = InferenceResult(f"{rid}#1", True, forged, "", DEV, 0, 0.001)
@@ -221,7 +222,7 @@ def test_an_enrolled_device_cannot_answer_someone_else_s_inference(plane: Plane)
                                and ctr.get("rejected:result bad signature", 0)
                                > base.get("rejected:result bad signature", 0)
                                and unsigned(ctr) >= unsigned(base) + 2) else None
-            _wait(counted, 8, "the fog refused the forged results")
+            wait_for(counted, 8, "the fog refused the forged results")
             assert not box  # still waiting for the real answer
         t.join(15)
         assert c.rejected == 0  # nothing but the fog ever wrote to our reply topic
@@ -237,7 +238,7 @@ def test_results_go_only_to_the_requester(plane: Plane) -> None:
     site = plane.site
     x = np.ones((1, 64), np.float32)
     watch = load_credentials(site.credentials("watch"))
-    got: "queue.Queue[Inbound]" = queue.Queue()
+    got: queue.Queue[Inbound] = queue.Queue()
     w = MqttClient("watch", "127.0.0.1", site.port, tls=watch.tls_for("fog-default"))
     w.subscribe(T.reply("watch"), got.put)
     w.start()
@@ -247,7 +248,7 @@ def test_results_go_only_to_the_requester(plane: Plane) -> None:
             base = c.status()["counters"].get("rejected:reply_to", 0)
             req = InferenceRequest(uuid.uuid4().hex, "w", T.reply("watch"), {"x": x}, 5.0)
             assert c._mqtt.publish(T.infer(), c._seal(req)[0], qos=1).wait(5)
-            _wait(lambda: c.status()["counters"].get("rejected:reply_to", 0) > base, 10, "reply_to refused")
+            wait_for(lambda: c.status()["counters"].get("rejected:reply_to", 0) > base, 10, "reply_to refused")
             assert c.infer("w", {"x": x}, timeout=10)["logits"].shape == (1, 10)  # its own topic: answered
         time.sleep(0.3)
         assert got.empty(), [m.topic for m in list(got.queue)]
@@ -272,7 +273,7 @@ def test_a_stray_refusal_does_not_end_a_pending_inference(plane: Plane) -> None:
         base = _accepted(site)
         with Stopped(plane.agent):
             t = _pending_infer(c, rid, x, box)
-            _wait(lambda: _accepted(site) > base, 10, "request pending")
+            wait_for(lambda: _accepted(site) > base, 10, "request pending")
             a = MqttClient(app.name, "127.0.0.1", site.port, tls=app.tls_for(app.fog.fog_id))
             a.start()
             try:

@@ -18,23 +18,26 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import FogSide, REPO, kill, spawn_agent, wait_status  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.broker import _run_dir, find_mosquitto  # noqa: E402
-from runtime.credentials import Credentials, load_credentials  # noqa: E402
-from runtime.mqtt import MqttClient, TlsConfig  # noqa: E402
-from runtime.topics import Topics  # noqa: E402
-from simulations.local_site import LocalSite  # noqa: E402
+from runtime import codec
+from runtime.broker import _run_dir, find_mosquitto
+from runtime.credentials import Credentials, load_credentials
+from runtime.mqtt import MqttClient, TlsConfig
+from runtime.topics import Topics
+from simulations.local_site import LocalSite
+
+from _agent_harness import REPO, FogSide, kill, spawn_agent, wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
@@ -75,20 +78,10 @@ def connect(name: str, port: int, tls: TlsConfig | None) -> MqttClient:
     return c
 
 
-def _wait(pred: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout:g} s")
-
-
 @dataclass
 class Site:
     site: LocalSite
-    agent: "subprocess.Popen[bytes]"
+    agent: subprocess.Popen[bytes]
     dev_data: Path
     evil_data: Path
 
@@ -200,7 +193,7 @@ def test_bombs_to_the_fog_cost_it_no_memory(env: Site) -> None:
         s = env.status()
         return s if delta(s, "rejected:malformed") >= 6 and delta(s, "verifier.malformed") >= 3 else None
     try:
-        st = _wait(refused, 30, "the fog refused every bomb")
+        st = wait_for(refused, 30, "the fog refused every bomb")
     except AssertionError:
         print({k: v for k, v in env.status()["counters"].items() if base.get(k) != v})
         raise

@@ -13,22 +13,25 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import REPO, error_lines, kill, run_agent_cli, wait_status  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.broker import find_mosquitto  # noqa: E402
-from runtime.messages import DeviceBirth  # noqa: E402
-from runtime.mqtt import MqttClient, TlsConfig  # noqa: E402
-from runtime.pki import SiteCA  # noqa: E402
-from runtime.security import Identity, Signer  # noqa: E402
-from runtime.topics import Topics  # noqa: E402
-from simulations.local_site import LocalSite  # noqa: E402
+from runtime.broker import find_mosquitto
+from runtime.messages import DeviceBirth
+from runtime.mqtt import MqttClient, TlsConfig
+from runtime.pki import SiteCA
+from runtime.security import Identity, Signer
+from runtime.topics import Topics
+from simulations.local_site import LocalSite
+
+from _agent_harness import REPO, error_lines, kill, run_agent_cli, wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
@@ -59,16 +62,6 @@ def _one_line(stderr: str) -> str:
 def _status(site: LocalSite) -> dict[str, Any]:
     with site.client() as c:
         return c.status()  # type: ignore[no-any-return]
-
-
-def _wait(pred: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("condition not met")
 
 
 def _enrol_args(site: LocalSite, dev: str, data: Path, token: str, *extra: str) -> list[str]:
@@ -149,7 +142,7 @@ def test_one_use_token_enrols_one_device(site: LocalSite, tmp_path: Path) -> Non
     a = subprocess.Popen([sys.executable, "-m", "edge_agent", *_enrol_args(site, "once-a", tmp_path / "a", token)],
                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: (tmp_path / "a" / "tls" / "cert.pem").exists())
+        wait_for(lambda: (tmp_path / "a" / "tls" / "cert.pem").exists(), 30)
         out = run_agent_cli(*_enrol_args(site, "once-b", tmp_path / "b", token))
         assert out.returncode == 2 and "token rejected: no uses left" in _one_line(out.stderr)
     finally:
@@ -174,7 +167,7 @@ def test_unapproved_device_gets_nothing_until_a_person_approves_it(site: LocalSi
         approve = subprocess.run([sys.executable, "-m", "runtime.cli", "devices", "approve", "dev-p", "--data-dir",
                                   str(site.data_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert approve.returncode == 0, approve.stderr
-        _wait(lambda: any(d["id"] == "dev-p" and d["alive"] for d in _status(site)["devices"]))
+        wait_for(lambda: any(d["id"] == "dev-p" and d["alive"] for d in _status(site)["devices"]), 30)
         fog_json = json.loads((data / "fog.json").read_text())
         assert fog_json["public_key"] == site.ready["public_key"]
         assert (data / "tls" / "key.pem").stat().st_mode & 0o777 == 0o600
@@ -255,8 +248,8 @@ def test_simulated_fleet_enrols_each_agent_with_one_token(site: LocalSite, tmp_p
                              str(tmp_path / "fleet"), "--token", site.token(uses=3), "--state-interval", "1"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        _wait(lambda: {f"cam-{i}" for i in range(3)} <= {d["id"] for d in _status(site)["devices"] if d["alive"]},
-              60)
+        wait_for(lambda: {f"cam-{i}" for i in range(3)} <= {d["id"] for d in _status(site)["devices"] if d["alive"]},
+                 60)
         for i in range(3):
             assert (tmp_path / "fleet" / f"cam-{i}" / "tls" / "cert.pem").exists()
     finally:

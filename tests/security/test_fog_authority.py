@@ -19,37 +19,31 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+from waiting import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from _agent_harness import REPO, kill, wait_status  # noqa: E402
-from runtime import codec  # noqa: E402
-from runtime.broker import find_mosquitto  # noqa: E402
-from runtime.credentials import load_credentials  # noqa: E402
-from runtime.messages import DeviceDeath, Envelope, FogState  # noqa: E402
-from runtime.mqtt import Inbound, MqttClient, TlsConfig  # noqa: E402
-from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
-from runtime.topics import Topics  # noqa: E402
-from simulations.local_site import LocalSite  # noqa: E402
+from runtime import codec
+from runtime.broker import find_mosquitto
+from runtime.credentials import load_credentials
+from runtime.messages import DeviceDeath, Envelope, FogState
+from runtime.mqtt import Inbound, MqttClient, TlsConfig
+from runtime.security import Identity, Signer, TrustStore, Verifier
+from runtime.topics import Topics
+from simulations.local_site import LocalSite
+
+from _agent_harness import REPO, kill, wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
 
 T = Topics("default")
-
-
-def _wait(pred: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout:g} s")
 
 
 def _status(site: LocalSite) -> dict[str, Any]:
@@ -69,7 +63,7 @@ def _row(site: LocalSite, dev: str) -> dict[str, Any]:
 
 def _retained_state(site: LocalSite, tls: TlsConfig | None, name: str) -> FogState:
     """A fresh subscriber's view of the retained fog/STATE, checked against the pinned fog key."""
-    got: "queue.Queue[Inbound]" = queue.Queue()
+    got: queue.Queue[Inbound] = queue.Queue()
     c = MqttClient(name, "127.0.0.1", site.port, tls=tls)
     c.subscribe(T.fog_state(), got.put)
     c.start()
@@ -97,7 +91,7 @@ def _forged_deaths(dev: str) -> list[bytes]:
             Signer(Identity.generate(dev), 2 ** 62).seal_bytes(DeviceDeath(dev, 2 ** 62), time.time())]
 
 
-def _spawn(argv: list[str], log: Path) -> "subprocess.Popen[bytes]":
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
@@ -122,7 +116,7 @@ def test_no_identity_but_the_fog_writes_fog_state_or_another_device_s_death(site
     proc = _spawn(site.agent_argv("dev-a", data, "--state-interval", "1", "--threads", "1"), tmp_path / "dev-a.log")
     try:
         wait_status(data, lambda s: s.get("phase") == "online", timeout=30)
-        row = _wait(lambda: (d := _device(site, "dev-a")) is not None and d["alive"] and d, what="dev-a alive")
+        row = wait_for(lambda: (d := _device(site, "dev-a")) is not None and d["alive"] and d, 20, "dev-a alive")
         # every kind of identity of the site tries: a device, an operator, a coordinator, an app
         enrol_dirs(site.token(), [("evil", tmp_path / "evil")], "127.0.0.1", int(site.enroll.rsplit(":", 1)[1]),
                    timeout_s=30)
@@ -157,7 +151,7 @@ def test_no_identity_but_the_fog_writes_fog_state_or_another_device_s_death(site
         assert not any(k.startswith("rejected fog state") for k in agent["counters"])  # none reached it
         # the legitimate death: the device's own Will, for its current epoch
         proc.kill()
-        _wait(lambda: not (_device(site, "dev-a") or {"alive": True})["alive"], 30, "dev-a lost after kill -9")
+        wait_for(lambda: not (_device(site, "dev-a") or {"alive": True})["alive"], 30, "dev-a lost after kill -9")
     finally:
         kill(proc)
 
@@ -186,7 +180,7 @@ def open_agent(open_site: LocalSite, tmp_path_factory: pytest.TempPathFactory) -
                    "--keepalive", "2", "--threads", "1"], data.parent / "dev-i.log")
     try:
         wait_status(data, lambda s: s.get("phase") == "online", timeout=30)
-        _wait(lambda: (d := _device(open_site, "dev-i")) is not None and d["alive"], what="dev-i alive")
+        wait_for(lambda: (d := _device(open_site, "dev-i")) is not None and d["alive"], 20, "dev-i alive")
         yield data, ident
     finally:
         kill(proc)
@@ -203,7 +197,7 @@ def test_the_fog_reasserts_its_state_over_anything_else(open_site: LocalSite,
             assert attacker.publish(T.fog_state(), payload, qos=1, retain=True).wait(5)
     finally:
         attacker.stop()
-    _wait(lambda: _status(open_site)["counters"].get("fog_state_reasserted", 0) >= 2, what="re-assertion")
+    wait_for(lambda: _status(open_site)["counters"].get("fog_state_reasserted", 0) >= 2, 20, "re-assertion")
     fs = _retained_state(open_site, None, f"obs-{time.time_ns()}")
     assert fs.online and fs.epoch == open_site.ready["epoch"]
     agent = wait_status(data, lambda s: s["counters"].get("rejected fog state: unsigned", 0) >= 1
@@ -236,9 +230,9 @@ def test_a_death_counts_only_for_the_current_epoch_and_never_raises_it(open_site
         # the legitimate death: sealed by the device for its current epoch
         death = Signer(ident, epoch).seal_bytes(DeviceDeath("dev-i", epoch), time.time())
         assert attacker.publish(T.device("dev-i", "DEATH"), death, qos=1).wait(5)
-        _wait(lambda: not _row(open_site, "dev-i")["alive"], 10, "dev-i dead after its current-epoch death")
+        wait_for(lambda: not _row(open_site, "dev-i")["alive"], 10, "dev-i dead after its current-epoch death")
     finally:
         attacker.stop()
     # the device is still there: the fog asks it for a birth and it is back, with an epoch it chose
-    _wait(lambda: _row(open_site, "dev-i")["alive"], 20, "dev-i back")
+    wait_for(lambda: _row(open_site, "dev-i")["alive"], 20, "dev-i back")
     assert _row(open_site, "dev-i")["epoch"] < 2 ** 62

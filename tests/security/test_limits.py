@@ -19,8 +19,9 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -82,16 +83,6 @@ def _identity(site: LocalSite, name: str, role: str = "operator") -> Any:
     return load_credentials(d)
 
 
-def _wait(pred: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError("condition not met")
-
-
 def _hwm_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -114,7 +105,7 @@ def test_publish_over_the_limit_never_reaches_a_subscriber(site: LocalSite, devi
     conf = (_run_dir(site.data_dir / "mqtt") / "mosquitto.conf").read_text()
     limit = int(next(ln.split()[1] for ln in conf.splitlines() if ln.startswith("message_size_limit ")))
     assert 16 * MiB < limit <= 32 * MiB  # above the largest legitimate message (a deploy), far below 200 MiB
-    got: "queue.Queue[Inbound]" = queue.Queue()
+    got: queue.Queue[Inbound] = queue.Queue()
     c = _connect(dev, site.port, tls_config(data, "fog-default"), {T.device(dev, "ACT"): got.put})
     try:
         c.publish(T.device(dev, "ACT"), b"small", qos=1).wait(5)
@@ -227,7 +218,7 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
     from fog_broker.client import ControlError
     op = _identity(site, "snoop")
     fog = Verifier(TrustStore({op.fog.fog_id: op.fog.public_key}))
-    got: "queue.Queue[Any]" = queue.Queue()
+    got: queue.Queue[Any] = queue.Queue()
 
     def on_reply(m: Inbound) -> None:
         env = codec.decode(m.payload)
@@ -264,7 +255,7 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
     # a device cannot even ask: the ACL lets devices write no control topic, nor read any reply topic
     dev, data = device
     dev_ident = Identity.load(dev, data / "agent.key")
-    seen: "queue.Queue[Inbound]" = queue.Queue()
+    seen: queue.Queue[Inbound] = queue.Queue()
     d = _connect(dev, site.port, tls_config(data, "fog-default"), {T.reply(dev): seen.put, T.reply("#"): seen.put},
                  granted=False)
     try:

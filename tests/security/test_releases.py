@@ -12,8 +12,9 @@ connection of an issued coordinator, against ``fogline broker`` started the way 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,8 @@ from runtime.mqtt import MqttClient
 from runtime.security import Identity, sign_artifact
 from runtime.topics import Topics
 from simulations.local_site import LocalSite
+
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180),
               pytest.mark.skipif(find_mosquitto() is None, reason="mosquitto not installed")]
@@ -84,13 +87,9 @@ def settle(site: LocalSite, before: dict[str, int], n: int) -> dict[str, Any]:
     """Wait until the fog has decided ``n`` more releases (accepted or refused), return the status."""
     def decided(st: dict[str, Any]) -> int:
         return sum(v for k, v in st["counters"].items() if k == "releases" or k.startswith("release:"))
-    deadline = time.monotonic() + 20
-    while True:
-        st = status(site)
-        if decided(st) >= sum(v for k, v in before.items() if k == "releases" or k.startswith("release:")) + n:
-            return st
-        assert time.monotonic() < deadline, f"the fog decided too few releases: {st['counters']}"
-        time.sleep(0.2)
+    want = sum(v for k, v in before.items() if k == "releases" or k.startswith("release:")) + n
+    return wait_for(lambda: st if decided(st := status(site)) >= want else None, 20,
+                    lambda: f"{n} more release decisions: {status(site)['counters']}", interval=0.2)
 
 
 def test_only_pinned_coordinators_release(site: LocalSite, blobs: list[bytes]) -> None:
@@ -138,10 +137,8 @@ def test_a_name_stays_with_its_first_signer_and_versions_only_move_forward(site:
     publish(site, coord, release(coord.signing, "m1", v + 1, blobs[4]))
     st = settle(site, st["counters"], 1)
     assert st["releases"]["m1"]["version"] == v + 1
-    deadline = time.monotonic() + 20
-    while {w["name"]: w["model"] for w in status(site)["workloads"]}["follow"] == model_before:
-        assert time.monotonic() < deadline, "release:m1 workload did not follow the new release"
-        time.sleep(0.2)
+    wait_for(lambda: {w["name"]: w["model"] for w in status(site)["workloads"]}["follow"] != model_before,
+             20, "the release:m1 workload to follow the new release", interval=0.2)
     with site.client() as c:
         c.delete("follow")
 

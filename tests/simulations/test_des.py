@@ -1,12 +1,12 @@
 import itertools
 import random
 
+import pytest
+
 from fog_broker.placement import Workload
 from simulations.churn import FailureModel
 from simulations.des import FleetSim, SimConfig, make_fleet
-from simulations.scenario import load_scenario, ScenarioError
-
-import pytest
+from simulations.scenario import ScenarioError, load_scenario
 
 PROFILE = {"model": "m", "input_bytes": 3072, "segments": [
     {"name": f"s{i}", "flops": 2e7, "param_bytes": 40000, "activation_bytes": 65536, "out_bytes": 16384}

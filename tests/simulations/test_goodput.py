@@ -3,9 +3,9 @@ import random
 
 import pytest
 
+from cloud_coordinator.policy import CheckpointPolicy, rounds_between_checkpoints
 from simulations.churn import Battery, FailureModel, drain, fault_schedule, time_to_empty
 from simulations.goodput import RunModel, simulate_run
-from cloud_coordinator.policy import CheckpointPolicy, rounds_between_checkpoints
 
 
 def test_no_failures_goodput_is_the_checkpoint_overhead():

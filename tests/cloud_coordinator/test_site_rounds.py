@@ -19,14 +19,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cloud_coordinator"))
 
-from _grid import LocalGrid, pull_client
-
 from cloud_coordinator.app import load_app, stage
+from cloud_coordinator.site_aggregator import spool as spool_mod
+from cloud_coordinator.site_aggregator.bridge import site_reply
+from cloud_coordinator.site_aggregator.cli import BRIDGE_COMPONENT
+from cloud_coordinator.site_aggregator.site_server import serve
+from cloud_coordinator.site_aggregator.spool import MAX_JOBS, Job, Outcome, Spool, SpoolFull
 from cloud_coordinator.strategy import RobustStrategy
-from fog_broker.hierarchy import spool as spool_mod
-from fog_broker.hierarchy.bridge import site_reply
-from fog_broker.hierarchy.site_server import serve
-from fog_broker.hierarchy.spool import MAX_JOBS, Job, Outcome, Spool, SpoolFull
+
+from _grid import LocalGrid, pull_client
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,14 +159,15 @@ def test_a_site_that_cannot_aggregate_is_an_error_reply_not_a_hang(tmp_path: Pat
     t0 = time.monotonic()
     new, _, entry = strategy.train_round(cloud, 1, initial, ConfigRecord({}))
     assert new is None and time.monotonic() - t0 < 15  # the site's 5 s wait, not the cloud's deadline
-    assert list(entry["rejected"].values()) == ["client error"]
+    assert list(entry["rejected"].values()) == ["client error (flower 3001: the site's round failed: trimmed_mean "
+                                                "with f=1 needs 3 clients, 2 eligible of 2 connected)"]
 
 
 def test_stage_replaces_a_component_with_a_shim_flower_can_find(tmp_path: Path) -> None:
     from flwr.supercore.object_ref import validate
 
     spec = load_app(REPO / "examples" / "digits")
-    dest = stage(spec, tmp_path / "app", {}, components={"clientapp": "fog_broker.hierarchy.bridge:app"})
+    dest = stage(spec, tmp_path / "app", {}, components={"clientapp": BRIDGE_COMPONENT})
     import tomllib
 
     doc = tomllib.loads((dest / "pyproject.toml").read_text())
@@ -186,7 +188,7 @@ def test_spool_module_has_no_flower_import() -> None:
 @pytest.mark.parametrize("extra,message", [
     (["--cloud", "127.0.0.1:9"], "--cloud needs --cloud-ca"),
     (["--cloud", "127.0.0.1:9", "--cloud-ca", "/nonexistent/ca.pem", "--cloud-key", "/nonexistent/k"],
-     "--cloud-ca /nonexistent/ca.pem does not exist"),
+     "--cloud-ca: /nonexistent/ca.pem does not exist"),
     (["--rule", "nope"], "unknown aggregation rule 'nope'"),
     (["--listen", "0.0.0.0:9", "--no-supernode-auth"], "refused for SuperLink address 0.0.0.0"),
     (["--site", "a b"], "site name 'a b'"),

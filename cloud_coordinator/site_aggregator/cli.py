@@ -26,20 +26,25 @@ from typing import Any
 __all__ = ["register"]
 
 log = logging.getLogger("fogline.site-rounds")
-SERVER_COMPONENT = "fog_broker.hierarchy.site_server:app"
-BRIDGE_COMPONENT = "fog_broker.hierarchy.bridge:app"
+SERVER_COMPONENT = "cloud_coordinator.site_aggregator.site_server:app"
+BRIDGE_COMPONENT = "cloud_coordinator.site_aggregator.bridge:app"
 CLOUD_NODE_LOG = "cloud-supernode.log"
 
 
 def register(subparsers: Any) -> None:
+    from runtime import cliargs as ca
+
     p = subparsers.add_parser(
         "site-aggregator", help="aggregate this site's devices robustly for the cloud (two-level Flower rounds)",
         description="Run a Flower SuperLink for this site's devices and a SuperNode towards the cloud: every cloud "
                     "round becomes one robust round here, and the WAN carries one update for the whole site.")
-    p.add_argument("--app", type=Path, required=True, help="the Flower App the cloud runs (its ClientApp trains here)")
-    p.add_argument("--work-dir", type=Path, required=True, help="site work directory (supernodes.json, spool, logs)")
+    p.add_argument("--app", type=ca.existing_dir, required=True,
+                   help="the Flower App the cloud runs (its ClientApp trains here)")
+    p.add_argument("--work-dir", type=ca.writable_dir, required=True,
+                   help="site work directory (supernodes.json, spool, logs)")
     p.add_argument("--site", required=True, help="this site's name (the cloud authorizes its SuperNode under it)")
-    p.add_argument("--listen", default="127.0.0.1:9095", help="the site SuperLink's Fleet API HOST:PORT")
+    p.add_argument("--listen", default="127.0.0.1:9095", type=ca.hostport,
+                   help="the site SuperLink's Fleet API HOST:PORT")
     p.add_argument("--rule", default="trimmed_mean", help="the site's robust rule (e.g. median, nnm+trimmed_mean)")
     p.add_argument("--f", type=int, default=1, help="Byzantine devices to tolerate in this site")
     p.add_argument("--min-clients", type=int, default=None, help="device replies a site round needs at least")
@@ -47,9 +52,11 @@ def register(subparsers: Any) -> None:
                    help="longest site round (seconds); the cloud's own round-timeout caps it")
     p.add_argument("--grace", type=float, default=2.0, help="wait this long for stragglers after a quorum")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cloud", default="", help="the cloud SuperLink's Fleet API HOST:PORT (none: site only)")
-    p.add_argument("--cloud-ca", type=Path, default=None, help="CA certificate of the cloud SuperLink (TLS)")
-    p.add_argument("--cloud-key", type=Path, default=None,
+    p.add_argument("--cloud", default="", type=ca.hostport_or_empty,
+                   help="the cloud SuperLink's Fleet API HOST:PORT (none: site only)")
+    p.add_argument("--cloud-ca", type=ca.existing_file, default=None,
+                   help="CA certificate of the cloud SuperLink (TLS)")
+    p.add_argument("--cloud-key", type=ca.existing_file, default=None,
                    help="this site's SuperNode private key (fogline supernodes keygen; the cloud adds the .pub)")
     p.add_argument("--cloud-node-config", default="", help="extra node config for the cloud SuperNode")
     p.add_argument("--cloud-insecure", action="store_true",
@@ -81,11 +88,9 @@ class CloudNode:
             return
         if self.proc is not None:
             log.warning("the cloud SuperNode exited (%s); restarting it (see %s)", self.proc.returncode, self.logfile)
-        from cloud_coordinator.launcher import _die_with_parent
+        from runtime import children
 
-        with open(self.logfile, "ab") as logf:
-            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        self.proc = children.spawn(self.argv, log=self.logfile, env=self.env)
         self.starts += 1
         self.next_start = now + min(30.0, 2.0 * self.starts)  # backoff between restarts
 
@@ -100,7 +105,7 @@ class CloudNode:
 
 
 def _cloud_node(args: argparse.Namespace, work: Path, spool: Path) -> CloudNode | None:
-    from cloud_coordinator.launcher import _bin, flower_env, require_loopback_superlink
+    from cloud_coordinator.launcher import flower_bin, flower_env, require_loopback_superlink
     from runtime.broker import free_port
 
     if not args.cloud:
@@ -108,7 +113,7 @@ def _cloud_node(args: argparse.Namespace, work: Path, spool: Path) -> CloudNode 
         return None
     if ":" not in args.cloud:
         raise ValueError("--cloud must be HOST:PORT")
-    argv = [_bin("flower-supernode"), "--superlink", args.cloud, "--port", str(free_port())]
+    argv = [flower_bin("flower-supernode"), "--superlink", args.cloud, "--port", str(free_port())]
     if args.cloud_insecure:
         require_loopback_superlink(args.cloud.rpartition(":")[0])
         argv.append("--insecure")

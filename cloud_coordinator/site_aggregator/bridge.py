@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 
 from edge_agent.flower_client import simulated_faults
 
+from ..layout import reason_key
 from .spool import Job, Spool, SpoolFull, from_config
 
 __all__ = ["REPLY_MARGIN_S", "app", "site_reply"]
@@ -71,7 +72,7 @@ def site_reply(msg: Message, spool: Spool) -> Message:
     metrics: dict[str, int | float | list[int] | list[float]] = {"num-examples": out.examples, "site-clients": float(len(out.clients)),
                                  "site-accepted": float(len(out.accepted)), "site-rejected": float(len(out.rejected)),
                                  "site-seconds": out.seconds}
-    for why, n in Counter(out.rejected.values()).items():
+    for why, n in Counter(reason_key(w) for w in out.rejected.values()).items():
         metrics[f"site-rejected-{_slug(why)}"] = float(n)
     content = RecordDict({key: ArrayRecord({n: Array(a) for n, a in zip(names, out.arrays)}),
                           "metrics": MetricRecord(metrics)})

@@ -1,0 +1,237 @@
+"""Benchmark: frames per second of a real third-party CNN split over two simulated devices.
+
+YOLOv8n (``nudenet/320n.onnx`` from the pinned nudenet wheel, ``models.thirdparty``) runs
+on a real secure site (``simulations.local_site.LocalSite``: the fog broker, mosquitto with
+TLS) with real agents (``simulations.agent_group``), each worker in its own process (one
+onnxruntime thread each). Simulated devices run the real partition and then sleep up to
+the partition's FLOPs / the device's advertised FLOP/s, so a stage takes what the cost model
+says when that exceeds the real compute.
+
+Measured in the same run, on the same fleet:
+
+- the throughput objective's 2-stage chain, one request at a time (``window=1``: the baseline,
+  what Fogline did before) against ``window=W`` requests in flight (``FogClient.infer_many``);
+- measured frames/s against the scheduler's prediction (``1 / bottleneck_s``);
+- the latency objective's plan (placed and measured the same way) against the throughput one,
+  and both plans' predictions from the cost model;
+- compressed cuts: float16 under ``max_activation_error`` and int8 under
+  ``min_top1_agreement``: bytes per frame at the cut, the fog's calibration error, and the
+  answers' error and top-1 agreement against the model run whole, locally, in float32.
+
+Run: ``python -m benchmarks.pipeline_bench [--quick]`` (or ``fogline bench pipeline``).
+JSON on stdout and in out/bench/pipeline.json.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._emit import emit
+
+SHAPE = [1, 3, 320, 320]
+
+
+def _wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not within {timeout:g} s")
+
+
+def _row(c: Any, name: str) -> dict[str, Any]:
+    return next(w for w in c.status(limit=0)["workloads"] if w["name"] == name)
+
+
+def _fps(c: Any, name: str, frames: list[dict[str, np.ndarray]], window: int
+         ) -> tuple[float, list[dict[str, np.ndarray]]]:
+    c.infer_many(name, frames[:2], window=1, timeout=30)  # warm: sessions, routes, connections
+    t0 = time.perf_counter()
+    outs = c.infer_many(name, frames, window=window, timeout=30)
+    return len(frames) / (time.perf_counter() - t0), outs
+
+
+def _plans(path: Path, flops: float, link: float) -> dict[str, Any]:
+    """Both objectives' plans for the bench fleet under the cost model (offline, same profile)."""
+    from fog_broker.placement import ChainProfile, Device, Fleet, Workload, chain_cost, schedule
+    from models.cuts import chain_profile
+    from models.graph import analyze
+
+    prof = ChainProfile.from_dict(chain_profile(analyze(path, input_shapes={"images": SHAPE}), 16,
+                                                strategy="balanced").to_dict())
+    common: dict[str, Any] = dict(uplink_bps=link, downlink_bps=link, rtt_s=0.001, power_active_w=5.0,
+                  tx_j_per_byte=1e-8, rx_j_per_byte=1e-8)
+    devs = (Device("cam", flops=1e8, memory_bytes=1000, labels=(("role", "source"),), **common),
+            *(Device(f"w{i}", flops=flops, memory_bytes=2e8,
+                     labels=(("role", "worker"), ("power-domain", f"pd{i}")), **common)
+              for i in range(2)))
+    out: dict[str, Any] = {"segments": len(prof.segments),
+                           "flops": sum(s.flops for s in prof.segments)}
+    for obj in ("latency", "throughput"):
+        w = Workload(obj, "cam", "cam", objective=obj, profile=prof,
+                     selectors=(("role", "worker"),))
+        r = schedule(Fleet(devs), [w]).result(obj)
+        rep = r.replicas[0]
+        cc = chain_cost(prof, rep.partitions, {d.id: d for d in devs}, "cam", "cam")
+        out[obj] = {"partitions": [[p.first, p.last, p.device] for p in rep.partitions],
+                    "predicted_latency_s": round(cc.latency_s, 4),
+                    "predicted_fps": round(1.0 / cc.bottleneck_s, 3)}
+    return out
+
+
+def _compare(outs: list[dict[str, np.ndarray]], refs: list[np.ndarray]) -> dict[str, float]:
+    errs, agree = [], []
+    for o, r in zip(outs, refs):
+        y = next(iter(o.values()))
+        errs.append(float(np.linalg.norm(y - r) / np.linalg.norm(r)))
+        agree.append(int(np.argmax(y)) == int(np.argmax(r)))
+    return {"answer_rel_error_max": float(max(errs)), "answer_top1_agreement": float(np.mean(agree))}
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from models.thirdparty import fetch
+    from simulations.local_site import LocalSite
+
+    path = Path(args.model) if args.model else fetch("nudenet", "nudenet/320n.onnx")
+    rng = np.random.default_rng(0)
+    frames = [{"images": rng.random(SHAPE, dtype=np.float32)} for _ in range(args.frames)]
+    serial_frames = frames[:args.serial]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    whole = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    whole.run(None, frames[0])
+    t0 = time.perf_counter()
+    refs = [np.asarray(whole.run(None, f)[0]) for f in frames]
+    local_s = (time.perf_counter() - t0) / len(frames)
+    del whole
+
+    res: dict[str, Any] = {"model": "yolov8n (nudenet 320n.onnx)" if not args.model else str(path),
+                           "input_shape": SHAPE, "window": args.window,
+                           "frames": args.frames, "serial_frames": args.serial,
+                           "device_flops": args.flops, "device_link_bps": args.link,
+                           "whole_model_local_1_thread_s": round(local_s, 4)}
+    res["plans_cost_model"] = _plans(path, args.flops, args.link)
+    site = LocalSite(tmp / "fog", site="pipe", log=tmp / "fog.log",
+                     args=["--state-interval", "1", "--startup-wait", "2",
+                           "--summary-interval", "1"]).start()
+    groups = []
+    try:
+        cam = {"id": "cam", "memory": 1000, "flops": 1e8, "link_bps": args.link,
+               "labels": {"role": "source", "power-domain": "pc"}}
+        groups.append(site.spawn_agents([cam], tmp / "agents", tmp / "cam.log"))
+        # each worker its own process: two stages on two cores. "sim": a stage takes at least
+        # its FLOPs / the advertised FLOP/s (the cost model's device); "real": what the CPU takes.
+        for mode in ("sim", "real"):
+            for i in range(2):
+                w = {"id": f"{mode}{i}", "memory": 200_000_000, "flops": args.flops,
+                     "link_bps": args.link, "model_compute": mode == "sim",
+                     "labels": {"role": mode, "power-domain": f"{mode}{i}"}}
+                groups.append(site.spawn_agents([w], tmp / "agents", tmp / f"{mode}{i}.log"))
+        c = site.client()
+        want = {"cam", "sim0", "sim1", "real0", "real1"}
+        _wait(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want,
+              180, "agents alive")
+        base = {"model": str(path), "source": "cam", "sink": "cam",
+                "input_shapes": {"images": SHAPE}}
+
+        def deploy(name: str, mode: str, **kw: Any) -> dict[str, Any]:
+            c.deploy({"name": name, **base, "selectors": {"role": mode}, **kw}, timeout=120)
+            c.wait_running(name, 180)
+            return _row(c, name)
+
+        def parts(w: dict[str, Any]) -> list[list[Any]]:
+            return [[p["segments"][0], p["segments"][1], p["device"]]
+                    for p in w["placement"][0]["partitions"]]
+
+        for mode in ("sim", "real"):
+            # 1. throughput objective: one at a time (the baseline) vs pipelined
+            deploy(f"thr-{mode}", mode, objective="throughput", min_partitions=2,
+                   max_partitions=2)
+            serial_fps, _ = _fps(c, f"thr-{mode}", serial_frames, 1)
+            pipe_fps, outs = _fps(c, f"thr-{mode}", frames, args.window)
+            w = _row(c, f"thr-{mode}")
+            pred = w["throughput"]["predicted_fps"]
+            res[f"throughput_plan_{mode}"] = {
+                "partitions": parts(w), "predicted_fps": round(pred, 3) if pred else None,
+                "predicted_latency_s": w["placement"][0]["latency_s"],
+                "serial_fps": round(serial_fps, 3), "pipelined_fps": round(pipe_fps, 3),
+                "speedup": round(pipe_fps / serial_fps, 3),
+                "measured_vs_predicted": round(pipe_fps / pred - 1, 4) if pred else None,
+                **_compare(outs, refs)}
+            c.delete(f"thr-{mode}")
+            # 2. the latency objective's plan on the same fleet, measured the same way
+            w = deploy(f"lat-{mode}", mode, objective="latency")
+            lat_serial, _ = _fps(c, f"lat-{mode}", serial_frames, 1)
+            lat_pipe, _ = _fps(c, f"lat-{mode}", frames, args.window)
+            res[f"latency_plan_{mode}"] = {
+                "partitions": parts(w), "predicted_latency_s": w["placement"][0]["latency_s"],
+                "serial_fps": round(lat_serial, 3), "pipelined_fps": round(lat_pipe, 3)}
+            c.delete(f"lat-{mode}")
+        # 3. compressed cuts (simulated devices)
+        comp: dict[str, Any] = {}
+        for name, bound in (("float16", {"max_activation_error": 1e-3}),
+                            ("int8", {"min_top1_agreement": 0.99})):
+            w = deploy(name, "sim", objective="throughput", min_partitions=2, max_partitions=2,
+                       **bound)
+            acts = _wait(lambda: _row(c, name)["placement"][0]["activations"], 180,
+                         f"{name} wires chosen")
+            fps, outs = _fps(c, name, frames, args.window)
+            cut = acts["cuts"][0]
+            comp[name] = {"bound": bound, "partitions": parts(w), "wire": cut["wire"],
+                          "note": cut.get("note"),
+                          "float32_bytes_per_frame": cut["float32_bytes"],
+                          "wire_bytes_per_frame": cut["wire_bytes"],
+                          "bytes_ratio": round(cut["float32_bytes"] / max(1, cut["wire_bytes"]), 3),
+                          "calibration_rel_error": cut["rel_error"],
+                          "calibration_top1": acts.get("top1_agreement"),
+                          "pipelined_fps": round(fps, 3), **_compare(outs, refs)}
+            c.delete(name)
+        res["compressed_cuts"] = comp
+        c.close()
+    finally:
+        for g in groups:
+            g.terminate()
+        for g in groups:
+            try:
+                g.wait(10)
+            except Exception:
+                g.kill()
+        site.kill()
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pipeline_bench")
+    ap.add_argument("--quick", action="store_true", help="fewer frames (~1.5 min)")
+    ap.add_argument("--frames", type=int, default=60, help="frames per pipelined measurement")
+    ap.add_argument("--serial", type=int, default=24, help="frames of the one-at-a-time baseline")
+    ap.add_argument("--window", type=int, default=8, help="requests in flight when pipelined")
+    ap.add_argument("--flops", type=float, default=1e10, help="each worker's advertised FLOP/s")
+    ap.add_argument("--link", type=float, default=1e9, help="each device's advertised bit/s")
+    ap.add_argument("--model", help="another ONNX file with one 'images' input (default YOLOv8n)")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.ERROR)
+    if args.quick:
+        args.frames, args.serial = min(args.frames, 24), min(args.serial, 10)
+    out: dict[str, Any] = {"benchmark": "pipeline", "quick": args.quick, "cpu_count": os.cpu_count(),
+                           "loadavg_at_start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as d:
+        out.update(run(args, Path(d)))
+    emit("pipeline", out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

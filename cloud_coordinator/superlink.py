@@ -1,0 +1,167 @@
+"""Flower's SuperLink with only its Fleet API on the address devices dial (``python -m cloud_coordinator.superlink``).
+
+``flower-superlink`` 1.41 serves the Fleet, Control and Runtime (ServerAppIo)
+APIs on one HTTP listener (``--host``/``--port``), and its Control API has no
+authentication unless (enterprise) account auth is on: whoever holds the
+SuperLink's public CA certificate, as every device does, could ``flwr ls``,
+``flwr supernode register`` a key of their own and ``flwr run`` an app whose
+ServerApp runs on the coordinator host. Flower has no flag to split them.
+
+So this runs Flower's own SuperLink application (its ``create_app``,
+lifespan, SuperExec, middleware and SuperNode authentication, unchanged) on
+two listeners of one event loop:
+
+* ``--host``/``--port`` (a loopback address): every API, for the
+  supervisor's ``flwr`` commands and the SuperExec that launches ServerApps;
+* ``--fleet-address HOST:PORT`` (what devices dial): the same application
+  behind a filter that passes only the Fleet API's exact routes (``POST
+  /v1/fleet/...``, taken from Flower's Fleet router); anything else is a 404
+  before Flower sees it.
+
+Why not a TLS proxy in front of a stock ``flower-superlink``: it would parse
+and re-send every Fleet request (SuperNode signatures, large objects) through
+a second HTTP stack of ours; here a device's request reaches Flower's code
+exactly as it would have, on the same TLS certificate, with no extra hop.
+The cost is that this depends on the SuperLink's Python entry points (pinned
+Flower); the security test fails loudly if they change.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+__all__ = ["FLEET_ADDRESS_FLAG", "fleet_only", "fleet_paths", "main", "split_argv"]
+
+FLEET_ADDRESS_FLAG = "--fleet-address"
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+def fleet_paths() -> frozenset[str]:
+    """The Fleet API's routes as Flower declares them (``/v1/fleet/pull-messages``, ...)."""
+    from flwr.superlink.routers.fleet.router import router
+
+    return frozenset(str(getattr(r, "path", "")) for r in router.routes if getattr(r, "path", ""))
+
+
+def fleet_only(app: ASGIApp, allowed: frozenset[str]) -> ASGIApp:
+    """``app`` for ``POST`` to exactly ``allowed`` paths; every other request gets a 404 without reaching it."""
+    async def filtered(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and not scope.get("root_path") \
+                and scope.get("path") in allowed:
+            await app(scope, receive, send)
+            return
+        if scope["type"] == "http":
+            body = b"not found\n"
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        # lifespan: the loopback listener runs Flower's lifespan, once
+
+    return filtered
+
+
+def split_argv(argv: list[str]) -> tuple[tuple[str, int], list[str]]:
+    """((fleet host, port), the remaining ``flower-superlink`` arguments); ValueError when missing or malformed."""
+    rest: list[str] = []
+    fleet = ""
+    it = iter(argv)
+    for a in it:
+        if a == FLEET_ADDRESS_FLAG:
+            fleet = next(it, "")
+        elif a.startswith(FLEET_ADDRESS_FLAG + "="):
+            fleet = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    host, _, port = fleet.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{FLEET_ADDRESS_FLAG} HOST:PORT is required (got {fleet!r})")
+    return (host.strip("[]"), int(port)), rest
+
+
+async def _serve(inner: Any, outer: Any) -> None:
+    """The loopback server first (its lifespan starts the SuperLink's state and SuperExec), then the devices'."""
+    t_inner = asyncio.ensure_future(inner.serve())
+    while not inner.started:
+        if t_inner.done():
+            await t_inner
+            return
+        await asyncio.sleep(0.05)
+    t_outer = asyncio.ensure_future(outer.serve())
+    await asyncio.wait({t_inner, t_outer}, return_when=asyncio.FIRST_COMPLETED)
+    inner.should_exit = outer.should_exit = True  # one listener gone (signal or failure): stop both
+    await asyncio.gather(t_inner, t_outer, return_exceptions=True)
+
+
+def _die_with_parent_and_take_descendants(interval_s: float = 0.25) -> None:
+    """Watch the parent (the coordinator); when it is gone, kill -9 every descendant, then exit.
+
+    The kernel's parent-death signal would kill this process alone: the SuperExec and the
+    ServerApps it starts are Flower's children, not ours, and would run on holding the work
+    directory's lock. So this process is started without it and watches instead.
+    """
+    import threading
+
+    import psutil
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        try:
+            kids = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            kids = []
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent_and_take_descendants()
+    import uvicorn
+    from flwr.supercore.http_logging import get_uvicorn_log_config
+    from flwr.supercore.logger import console_handler
+    from flwr.superlink.cli.flower_superlink import (
+        SuperLinkLifespan,
+        _parse_superlink_lifespan_config,
+    )
+    from flwr.superlink.main import create_app
+
+    from runtime.net import is_loopback
+
+    try:
+        (fhost, fport), rest = split_argv(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.argv = ["flower-superlink", *rest]
+    config = _parse_superlink_lifespan_config()
+    if not is_loopback(config.host):
+        print(f"error: --host {config.host} serves the Control and Runtime APIs: a loopback address only "
+              f"(devices dial {FLEET_ADDRESS_FLAG})", file=sys.stderr)
+        return 2
+    app = create_app(config, SuperLinkLifespan)
+    common: dict[str, Any] = {"ssl_keyfile": config.ssl_keyfile, "ssl_certfile": config.ssl_certfile,
+                              "log_config": get_uvicorn_log_config(console_handler.level), "workers": 1}
+    inner = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", **common))
+    outer = uvicorn.Server(uvicorn.Config(fleet_only(app, fleet_paths()), host=fhost, port=fport, lifespan="off",
+                                          **common))
+    asyncio.run(_serve(inner, outer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Cross-device selection: only charging, unmetered, idle, unthrottled devices train, each with its reason.
+
+The devices' figures come from the probe over recorded board trees (a laptop on a phone hotspot,
+discharging; a Pi 4 whose vcgencmd reports throttling; an Orin on mains), through the agent's
+state advert and the fog's registry summaries, to the coordinator's selection: the same path a
+real round takes, without the processes.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from cloud_coordinator.selection import (
+    BUSY,
+    LOW_BATTERY,
+    METERED,
+    NOT_CHARGING,
+    SELECTED,
+    THROTTLED,
+    SelectionPolicy,
+    explain,
+    explain_devices,
+    select_clients,
+)
+from edge_agent.advertiser import Advertiser, Snapshot
+from edge_agent.probes.live import LiveProbe
+from fog_broker.registry import Registry, RegistryConfig
+from runtime.errors import LocalViolation
+from runtime.messages import DeviceBirth, DeviceSummary, FleetSummary
+
+FIX = Path(__file__).parents[1] / "edge_agent" / "fixtures"
+CROSS = SelectionPolicy.cross_device()
+
+
+def _fleet(*devs: DeviceSummary) -> FleetSummary:
+    return FleetSummary("fog-a", "site-a", 100.0, tuple(devs))
+
+
+@pytest.mark.parametrize("dev, want", [
+    (DeviceSummary("d", True), SELECTED),                                          # mains powered
+    (DeviceSummary("d", True, battery_level=0.9, charging=True), SELECTED),
+    (DeviceSummary("d", True, battery_level=0.9), NOT_CHARGING),                   # full, but draining
+    (DeviceSummary("d", True, battery_level=0.1), LOW_BATTERY),
+    (DeviceSummary("d", True, metered=True, battery_level=0.9, charging=True), METERED),
+    (DeviceSummary("d", True, throttled=True), THROTTLED),
+    (DeviceSummary("d", True, cpu_load=0.9), BUSY),                                # serving, or in use
+    (DeviceSummary("d", True, cpu_load=0.2), SELECTED),
+    (DeviceSummary("d", True, cpu_load=None), SELECTED),                           # an older fog: unknown
+])
+def test_cross_device_verdicts(dev: DeviceSummary, want: str) -> None:
+    sel = select_clients([_fleet(dev)], 100.0, CROSS, random.Random(0))
+    assert sel.reasons == {"d": want}
+
+
+def test_default_policy_is_unchanged() -> None:
+    """A discharging, busy device above the floor still trains under the default policy."""
+    dev = DeviceSummary("d", True, battery_level=0.9, cpu_load=3.0)
+    assert select_clients([_fleet(dev)], 100.0, SelectionPolicy(), random.Random(0)).selected == ("d",)
+    with pytest.raises(LocalViolation):
+        SelectionPolicy(max_cpu_load=-1.0)
+
+
+def _birth(dev: str) -> DeviceBirth:
+    return DeviceBirth(device_id=dev, epoch=1, seq=1, site="s", public_key=bytes(32), flops=1e9,
+                       memory_bytes=1_000_000, uplink_bps=1e8, downlink_bps=1e8, rtt_s=0.001,
+                       power_active_w=5.0, power_idle_w=2.0, state_interval_s=10.0)
+
+
+def _recorded(board: str) -> object:
+    def run(argv: Sequence[str]) -> str | None:
+        name = (f"nmcli_general_metered_{argv[-1]}" if argv[0].endswith("nmcli")
+                else "_".join(["vcgencmd", *argv[1:]]))
+        path = FIX / board / f"{name}.txt"
+        return path.read_text() if path.is_file() else None
+    return run
+
+
+def test_board_readings_through_the_fog_to_the_coordinator(tmp_path: Path) -> None:
+    charging = tmp_path / "laptop-charging"
+    shutil.copytree(FIX / "laptop", charging)
+    (charging / "sys/class/power_supply/BAT0/status").write_text("Charging\n")
+    (charging / "sys/class/power_supply/AC/online").write_text("1\n")
+    boards = {  # device id -> (tree, recorded outputs of, nmcli path, operator's metered override)
+        "laptop-hotspot": (FIX / "laptop", "laptop", "nmcli", None),      # metered and discharging
+        "laptop-home": (charging, "laptop", "", False),                   # charging, unmetered
+        "laptop-hotspot-charging": (charging, "laptop", "nmcli", None),   # charging, but metered
+        "pi4": (FIX / "pi4", "pi4", "", None),                            # vcgencmd: throttled
+        "orin": (FIX / "orin", "orin", "", None),                         # mains, idle
+    }
+    reg = Registry(RegistryConfig(battery_floor=0.3))
+    for dev, (root, rec, nmcli, metered) in boards.items():
+        probe = LiveProbe(root, vcgencmd="vcgencmd", nmcli=nmcli, metered=metered, run=_recorded(rec))
+        reading = probe.read(0.0)
+        reg.handle(_birth(dev), 0.0)
+        reg.handle(Advertiser(dev).state(Snapshot(reading), epoch=1, seq=2), 0.1)
+    fleet = FleetSummary("fog-a", "site-a", 100.0, reg.summaries())
+    # idle is judged on a fixed load here: the probe's load is this test machine's
+    fleet = FleetSummary(fleet.fog_id, fleet.site, fleet.timestamp,
+                         tuple(_with_load(d, 0.1) for d in fleet.devices))
+    sel = select_clients([fleet], 100.0, CROSS, random.Random(0))
+    assert sel.reasons == {
+        "laptop-hotspot": METERED, "laptop-home": SELECTED, "laptop-hotspot-charging": METERED,
+        "pi4": THROTTLED, "orin": SELECTED}
+    assert sel.selected == ("laptop-home", "orin")
+    assert explain(sel) == "2/5 devices selected: 2 metered link, 1 throttled"
+    assert explain_devices(sel) == ("laptop-home: selected; laptop-hotspot: metered link; "
+                                    "laptop-hotspot-charging: metered link; orin: selected; pi4: throttled")
+    # the owner says the hotspot is fine: the laptop is still not charging, and says so
+    unmetered = [_with_load(d, 0.1) if d.device_id != "laptop-hotspot" else
+                 _with_load(_unmetered(d), 0.1) for d in fleet.devices]
+    sel = select_clients([_fleet(*unmetered)], 100.0, CROSS, random.Random(0))
+    assert sel.reasons["laptop-hotspot"] == NOT_CHARGING
+
+
+def _with_load(d: DeviceSummary, load: float) -> DeviceSummary:
+    return DeviceSummary(d.device_id, d.alive, d.battery_level, d.charging, d.throttled, d.metered, d.power_w,
+                         d.fit_for_training, d.reason, d.flwr_node_id, cpu_load=load)
+
+
+def _unmetered(d: DeviceSummary) -> DeviceSummary:
+    return DeviceSummary(d.device_id, d.alive, d.battery_level, d.charging, d.throttled, False, d.power_w,
+                         d.fit_for_training, d.reason, d.flwr_node_id, d.cpu_load)
+
+
+def test_the_fog_passes_the_load_on() -> None:
+    reg = Registry()
+    reg.handle(_birth("d"), 0.0)
+    reg.handle(Advertiser("d").state(Snapshot(_reading(cpu_load=0.75)), epoch=1, seq=2), 0.1)
+    (s,) = reg.summaries()
+    assert s.cpu_load == 0.75
+    sel = select_clients([_fleet(s)], 100.0, CROSS, random.Random(0))
+    assert sel.reasons == {"d": BUSY}
+
+
+def _reading(**kw: object) -> object:
+    from edge_agent.readings import Reading
+
+    return Reading(free_memory_bytes=1_000_000, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,157 @@
+"""The fair-share core: budgets per (identity, kind), the liveness lane, the quarantine rule."""
+from __future__ import annotations
+
+import pytest
+
+from fog_broker.ratelimit import BULK, LIVE, OVER, QUARANTINED, Budget, FairShare, SharePolicy
+
+POLICY = SharePolicy(limits={"STATE": Budget(10.0, 5.0), "BIRTH": Budget(1.0, 2.0)},
+                     live={"STATE": Budget(1.0, 2.0)}, quarantine_drops=20, window_s=10.0, quarantine_s=60.0)
+
+
+def run(share: FairShare, sends: list[tuple[str, str, float]]) -> list[str]:
+    return [share.admit(who, kind, now) for who, kind, now in sends]
+
+
+@pytest.mark.parametrize("name, sends, want", [
+    ("a burst: live share first, then bulk, then dropped",
+     [("a", "STATE", 0.0)] * 6, [LIVE, LIVE, BULK, BULK, BULK, OVER]),
+    ("a kind with no live share is always live within its budget",
+     [("a", "BIRTH", 0.0)] * 3, [LIVE, LIVE, OVER]),
+    ("a kind not in the policy is not limited",
+     [("a", "ACK", 0.0)] * 50, [LIVE] * 50),
+    ("budgets refill with time",
+     [("a", "BIRTH", 0.0), ("a", "BIRTH", 0.0), ("a", "BIRTH", 0.0), ("a", "BIRTH", 1.0)], [LIVE, LIVE, OVER, LIVE]),
+    ("one state a second stays live forever",
+     [("a", "STATE", float(t)) for t in range(100)], [LIVE] * 100),
+    ("kinds have separate budgets",
+     [("a", "BIRTH", 0.0)] * 2 + [("a", "STATE", 0.0)] * 2, [LIVE] * 4),
+    ("identities have separate budgets",
+     [("a", "BIRTH", 0.0)] * 3 + [("b", "BIRTH", 0.0)] * 2, [LIVE, LIVE, OVER, LIVE, LIVE]),
+])
+def test_budgets(name: str, sends: list[tuple[str, str, float]], want: list[str]) -> None:
+    assert run(FairShare(POLICY), sends) == want, name
+
+
+def test_a_flooder_is_quarantined_the_others_are_not() -> None:
+    share = FairShare(POLICY)
+    for i in range(1000):
+        share.admit("evil", "STATE", i * 0.001)
+        if i % 500 == 0:
+            assert share.admit("good", "STATE", i * 0.001) == LIVE
+    assert share.quarantined("evil", 1.0) and not share.quarantined("good", 1.0)
+    # while quarantined even an in-budget kind is refused; the others are untouched
+    assert share.admit("evil", "BIRTH", 30.0) == QUARANTINED
+    assert share.admit("good", "BIRTH", 30.0) == LIVE
+    v = share.view(30.0)
+    assert list(v["quarantined"]) == ["evil"] and v["quarantines"] == 1
+    q = v["quarantined"]["evil"]
+    assert q["reason"].startswith("flooding: 20 STATE over budget") and 0 < q["remaining_s"] <= 60
+    assert v["dropped"]["evil"] == 1000 - 5 + 1 and "good" not in v["dropped"]
+
+
+def test_quarantine_ends_and_a_fresh_budget_serves_again() -> None:
+    share = FairShare(POLICY)
+    for _ in range(30):
+        share.admit("evil", "STATE", 0.0)
+    assert share.admit("evil", "STATE", 59.9) == QUARANTINED
+    assert share.admit("evil", "STATE", 60.5) == LIVE
+    assert share.view(60.5)["quarantined"] == {}
+
+
+def test_slow_drops_never_quarantine() -> None:
+    """Drops spread thinner than the rule (under 20 in any 10 s) are dropped, not quarantined."""
+    share = FairShare(POLICY)
+    t = 0.0
+    for _ in range(200):
+        for _ in range(2):  # 1/s refills: one drop a second
+            share.admit("a", "BIRTH", t)
+        t += 1.0
+    assert not share.quarantined("a", t) and share.view(t)["dropped"]["a"] > 100
+
+
+def test_memory_is_bounded_and_forget_resets() -> None:
+    p = SharePolicy(limits={"STATE": Budget(1.0, 1.0)}, max_identities=100)
+    share = FairShare(p)
+    for i in range(1000):
+        share.admit(f"d{i}", "STATE", 0.0)
+    assert len(share._senders) == 100
+    assert share.admit("d999", "STATE", 0.0) == OVER
+    share.forget("d999")
+    assert share.admit("d999", "STATE", 0.0) == LIVE
+
+
+@pytest.mark.parametrize("rate, burst", [(0.0, 1.0), (1.0, 0.5), (-1.0, 5.0)])
+def test_bad_budgets_are_refused(rate: float, burst: float) -> None:
+    with pytest.raises(ValueError):
+        Budget(rate, burst)
+
+
+@pytest.mark.parametrize("name", ["app", "a" * 31, "b" * 32, "c" * 64, "op.1_x-y"])
+def test_the_claimed_sender_is_read_without_decoding(name: str) -> None:
+    import time
+
+    from fog_broker.control import claimed_sender
+    from runtime.messages import ControlRequest
+    from runtime.security import Identity, Signer
+    frame = Signer(Identity.generate(name), 1).seal_bytes(ControlRequest("r", "hello", "t", b"{}"), time.time())
+    assert claimed_sender(frame) == name
+    end = (23 if len(name) < 32 else 24) + len(name)
+    assert claimed_sender(frame[:end]) == name
+    assert all(claimed_sender(frame[:cut]) == "" for cut in range(end)), "a truncated name reads as nobody"
+
+
+@pytest.mark.parametrize("frame", [
+    b"", b"FGL\x01", b"\x00" * 64,
+    b"FGL\x01\x00\x00\x00\x00\x93\xa3env\x01\x86\xa6sender\xd9",    # str8 without its length
+    b"FGL\x01\x00\x00\x00\x00\x93\xa3env\x01\x86\xa6sendex\xa1a",   # another first key
+])
+def test_a_frame_that_does_not_name_a_sender_reads_as_nobody(frame: bytes) -> None:
+    from fog_broker.control import claimed_sender
+    assert claimed_sender(frame) == ""
+
+
+def test_limits_are_exported_as_metrics() -> None:
+    """Pure: drops by kind and by sender, and who is quarantined, from one snapshot."""
+    from fog_broker.metrics import families
+    share = FairShare(POLICY)
+    for _ in range(30):
+        share.admit("evil", "STATE", 0.0)
+    snap = {
+        "status": {"fog_id": "f", "site": "s", "epoch": 1, "metrics": {}, "workloads": [],
+                   "counters": {"control.limited:over budget": 3},
+                   "limits": {"devices": share.view(1.0), "control": FairShare(POLICY).view(1.0)}},
+        "service": {}, "ingest": {"limited:STATE": 20, "limited:quarantined": 5},
+        "recoveries_s": [], "in_flight": 0, "latency": {}, "identities": [],
+    }
+    got = {(s.name, frozenset(s.labels.items())): s.value for fam in families(snap) for s in fam.samples}
+    assert got[("fogline_fog_adverts_limited_total", frozenset({("kind", "STATE")}))] == 20
+    assert got[("fogline_fog_adverts_limited_total", frozenset({("kind", "quarantined")}))] == 5
+    assert got[("fogline_fog_adverts_limited_total", frozenset({("kind", "BIRTH")}))] == 0
+    assert got[("fogline_fog_control_limited_total", frozenset({("reason", "over budget")}))] == 3
+    assert got[("fogline_fog_sender_drops_total", frozenset({("source", "devices"), ("identity", "evil")}))] == 25
+    assert got[("fogline_fog_quarantined", frozenset({("source", "devices"), ("identity", "evil")}))] == 1
+
+
+def test_a_quarantined_sender_keeps_its_reads_and_loses_its_writes_in_the_acl() -> None:
+    from fog_broker.ratelimit import acl_shut_out
+    from runtime.broker import acl_for, check_acl
+    acl = acl_for("s", "fog-s", {"evil": "device", "good": "device", "app": "app"})
+    assert acl_shut_out(acl, frozenset()) == acl
+    out = acl_shut_out(acl, {"evil", "app", "nobody"})
+    check_acl(out)  # still an ACL mosquitto takes
+
+    def rights(text: str, user: str) -> list[str]:
+        sections = text.split("\n\n")
+        sec = next(s for s in sections if s.startswith(f"user {user}\n"))
+        return [ln for ln in sec.splitlines() if ln.startswith("topic ")]
+    assert rights(out, "good") == rights(acl, "good")
+    assert rights(out, "fog-s") == rights(acl, "fog-s")
+    for user in ("evil", "app"):
+        assert rights(out, user) == [r for r in rights(acl, user) if r.startswith("topic read ")]
+        assert rights(out, user)  # reads stay: it is told nothing, and sees the fog's STATE
+    share = FairShare(POLICY)
+    for _ in range(30):
+        share.admit("evil", "STATE", 0.0)
+    assert share.shut_out(1.0) == {"evil"} and share.shut_out(61.0) == frozenset()
+    assert share.reason("evil").startswith("flooding: ") and share.reason("nobody") == ""
