@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--battery-floor", type=float, default=0.3)
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
-    p.add_argument("--watchdog", type=float, default=None,
+    p.add_argument("--watchdog", type=ca.nonneg_float, default=None,
                    help="seconds without round progress before the coordinator says what it waits for and restarts "
                         "the component that is down (default: from the round timeout and grace; 0: off)")
     p.add_argument("--new-lineage", action="store_true",

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Union
+from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.messages import (
     Activation,
@@ -157,8 +157,8 @@ class RouteUntrusted:
     wall: float
 
 
-Event = Union[Advert, AdvertRejected, ClaimFlags, Ack, Built, BuildFailed, SessionMissing, DeviceRemoved, SetWorkload, RemoveWorkload,
-              SetQuotas, Infer, Result, RouteUntrusted]
+Event = (Advert | AdvertRejected | ClaimFlags | Ack | Built | BuildFailed | SessionMissing | DeviceRemoved
+         | SetWorkload | RemoveWorkload | SetQuotas | Infer | Result | RouteUntrusted)
 
 
 # ------------------------------------------------------------------ commands (out)
@@ -185,7 +185,8 @@ class SiteEvent:
     reason: str
 
 
-Command = Union[AskRebirth, SiteEvent, LogNote, DeployPartition, UndeployPartition, Persist, SendActivation, ReplyClient]
+Command = (AskRebirth | SiteEvent | LogNote | DeployPartition | UndeployPartition | Persist | SendActivation
+           | ReplyClient)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,7 @@ class SiteCoreConfig:
     reconcile_interval_s: float = 0.5
     max_rebirths_per_s: float = 200.0    # all devices together: a flood cannot make the fog a flood
     reply_topic: str = ""                # the fog's own reply topic (the router's hop answers)
-    controller: ControllerConfig = ControllerConfig()
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
 
 
 class SiteView:
@@ -353,9 +354,6 @@ class SiteCore:
         if fleet is None:
             fleet = self.registry.fleet(self.controller.reserved(reported))
         return list(self.controller.reconcile(fleet, reported, now))
-
-    def submit(self, req: InferenceRequest, now: float, wall: float) -> list[Command]:
-        return self._submit(req, now, wall)
 
     # ------------------------------------------------------------ rules between the cores
 
