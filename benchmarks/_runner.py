@@ -59,7 +59,7 @@ def run_benchmarks(names: Sequence[str], rest: Sequence[str], out: Path = OUT_DI
         except SystemExit as exc:  # a benchmark's own argument parser, or sys.exit
             if exc.code not in (0, None):
                 reason, usage = f"exit code {exc.code}", exc.code == 2
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one benchmark's failure must not end `all`
             logs.mkdir(parents=True, exist_ok=True)
             log = logs / f"{name}.log"
             log.write_text("".join(traceback.format_exception(exc)))

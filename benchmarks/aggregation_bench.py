@@ -147,7 +147,10 @@ def ours(x: np.ndarray, f: int, m: int) -> dict[str, Callable[[], object]]:
         "mean": {}, "median": {}, "trimmed_mean": {}, "krum": {}, "multi_krum": {"m": m},
         "bulyan": {}, "geometric_median": {}, "centered_clipping": {}, "nnm+trimmed_mean": {},
         agg.DEFAULT_RULE: {}}
-    return {k: (lambda a=agg.get_rule(k, f, **kw): a.aggregate(x)) for k, kw in names.items()}
+
+    def call(rule: agg.Aggregator) -> Callable[[], object]:
+        return lambda: rule.aggregate(x)
+    return {k: call(agg.get_rule(k, f, **kw)) for k, kw in names.items()}
 
 
 def distance_exactness(n: int, d: int, seed: int = 1) -> dict[str, float]:
@@ -190,7 +193,9 @@ def reply_messages(x: np.ndarray, glob: np.ndarray) -> tuple[Any, list[Any]]:
     def record(vec: np.ndarray) -> Any:
         return ArrayRecord({n: Array(np.ascontiguousarray(p)) for n, p in zip(names, np.split(vec, cuts))})
 
-    msgs = [Message(RecordDict({"arrays": record((glob + x[i]).astype(np.float32)),
+    # Replies with chosen ids outside a run: Flower's metadata= constructor, not in its overloads
+    # (reply_to= needs a live run's TaskIdentity).
+    msgs = [Message(RecordDict({"arrays": record((glob + x[i]).astype(np.float32)),  # type: ignore[call-overload]
                                 "metrics": MetricRecord({"num-examples": 100})}),
                     metadata=Metadata(1, f"m{i}", 1000 + i, 0, f"q{i}", "1", 0.0, 60.0, "train"))
             for i in range(x.shape[0])]
@@ -208,7 +213,8 @@ def from_replies(x: np.ndarray, f: int, m: int, repeat: int,
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     n = x.shape[0]
-    glob = np.random.default_rng(5).standard_normal(x.shape[1]).astype(np.float32)
+    d: int = x.shape[1]
+    glob = np.random.default_rng(5).standard_normal(d).astype(np.float32)
     flower = {"mean": lambda: FedAvg(), "median": lambda: FedMedian(),
               "trimmed_mean": lambda: FedTrimmedAvg(beta=f / n), "krum": lambda: Krum(num_malicious_nodes=f),
               "multi_krum": lambda: MultiKrum(num_malicious_nodes=f, num_nodes_to_select=m),

@@ -103,7 +103,7 @@ def start_candidate(name: str, tmp: Path) -> Any:
     raise ValueError(name)
 
 
-def _client(name: str, port: int, proto: int) -> mqtt.Client:
+def _client(name: str, port: int, proto: mqtt.MQTTProtocolVersion) -> mqtt.Client:
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=proto)
     c.max_inflight_messages_set(100)
     c.max_queued_messages_set(0)
@@ -130,7 +130,8 @@ def supports_v5(port: int) -> bool:
         c.loop_stop()
 
 
-def throughput(port: int, proto: int, n: int, deadline_s: float) -> dict[str, Any]:
+def throughput(port: int, proto: mqtt.MQTTProtocolVersion, n: int,
+               deadline_s: float) -> dict[str, Any]:
     got = 0
     done = threading.Event()
     first_sent = [0.0]
@@ -168,7 +169,8 @@ def throughput(port: int, proto: int, n: int, deadline_s: float) -> dict[str, An
             c.loop_stop()
 
 
-def will_latency(port: int, proto: int, how: str, timeout: float) -> dict[str, Any]:
+def will_latency(port: int, proto: mqtt.MQTTProtocolVersion, how: str,
+                 timeout: float) -> dict[str, Any]:
     """Latency of a Will after the client process is SIGKILLed ('kill') or SIGSTOPped ('hang')."""
     topic = f"bench/will/{how}"
     inbox: queue.Queue[float] = queue.Queue()

@@ -18,15 +18,13 @@ objective, at what latency, and what planning on declared instead of measured fi
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import quick_main
 from edge_agent.probes import energy
 from fog_broker.placement import (
     ChainProfile,
@@ -66,8 +64,10 @@ def make_site(rng: random.Random, n: int) -> tuple[Fleet, Fleet, dict[str, str]]
     """(declared fleet, measured fleet, device -> meter); device 0 is the camera."""
     kinds = [TYPES[0]] + [rng.choice(TYPES[1:]) for _ in range(n - 1)]
     declared, measured, meters = [], [], {}
+
+    def j() -> float:
+        return rng.uniform(0.85, 1.2)
     for i, (name, fl, mem, up, down, rtt, pw, rail, meter) in enumerate(kinds):
-        j = lambda: rng.uniform(0.85, 1.2)
         d = Device(id=f"{name}-{i}", flops=fl * j(), memory_bytes=mem * j(), uplink_bps=up * j(),
                    downlink_bps=down * j(), rtt_s=rtt * j(), power_active_w=pw,
                    tx_j_per_byte=5e-8 * j(), rx_j_per_byte=5e-8 * j(),
@@ -169,13 +169,7 @@ def summary(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="energy_bench", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="smaller run (a few seconds)")
-    args = ap.parse_args(argv)
-    res = run(args.quick)
-    emit("energy", res)
-    print(summary(res), file=sys.stderr)
-    return 0
+    return quick_main("energy", run, summary, argv, description=__doc__, quick_help="smaller run (a few seconds)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import report, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def pct(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     if not s:
         return float("nan")
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 # ---------------------------------------------------------------- fixtures
@@ -135,6 +135,7 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
     from fog_broker._verify_pool import open_session
     from fog_broker.registry import Registry
     from runtime import codec
+    from runtime.messages import DeviceBirth, DeviceDeath, DeviceState
     from runtime.security import SessionKeyPair, TrustStore, Verifier
     ids = _identities(n_ids)
     births, states = _frames("bench", ids, per, 1, True)
@@ -145,8 +146,9 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
         reg = Registry()
         ver = Verifier(TrustStore({i.name: i.public_key_bytes for i in ids}), sessions=True)
         for _, b in (mac_births if mode == "session_mac" else births):
-            env = codec.decode(b)
-            reg.handle(codec.decode(env.payload), 0.0)  # type: ignore[arg-type]
+            advert = codec.decode(codec.decode_envelope(b).payload)
+            assert isinstance(advert, DeviceBirth | DeviceState | DeviceDeath)
+            reg.handle(advert, 0.0)
             if mode == "session_mac":
                 env, msg = ver.open(b, time.time())
                 open_session(ver, fog, env, msg)
@@ -156,8 +158,7 @@ def bench_cpu(n_ids: int, per: int) -> dict[str, Any]:
             if mode != "decode_only":
                 _, msg = ver.open(b, now)
             else:
-                env = codec.decode(b)
-                msg = codec.decode(env.payload)  # type: ignore[attr-defined]
+                msg = codec.decode(codec.decode_envelope(b).payload)  # the decoding ver.open does
             reg.handle(msg, 1.0)  # type: ignore[arg-type]
         dt = time.perf_counter() - t0
         out[f"{mode}_per_s"] = round(len(states) / dt)
@@ -234,55 +235,63 @@ def _transport_only(ids: list[Any], per: int, conns: int, tmp: Path) -> dict[str
 def bench_ingest(n_ids: int, per: int, conns: int, modes: Sequence[tuple[Any, ...]],
                  tmp: Path, transport: bool = True) -> dict[str, Any]:
     """Each mode is (threads|processes, workers, sig|mac, tls[, fair_share (default on)])."""
-    from fog_broker.service import FogService, ServiceConfig
     res: dict[str, Any] = {"agents": n_ids, "states_per_agent": per, "publisher_connections": conns}
     ids = _identities(n_ids)
     if transport:
         res["transport_only"] = _transport_only(ids, per, conns, tmp)
     for mode, w, auth, tls, *more in modes:
         fair = bool(more[0]) if more else True
-        name = f"ing{mode[0]}{w}{auth}{'tls' if tls else 'tcp'}{'' if fair else 'nolim'}{time.time_ns() % 10_000}"
-        site = _Site(tmp, name, ids, tls, conns)
-        svc = FogService(ServiceConfig(data_dir=site.site.dir, site=name, fog_id=site.site.fog_id,
-                                       mqtt_port=site.broker.port, tls=site.fog_tls, state_interval_s=1000.0,
-                                       verify_workers=w, verify_processes=mode == "processes",
-                                       summary_interval_s=1000.0, fair_share=fair), site=site.site).start()
-        try:
-            births, states = _frames(name, ids, per, 1, True, svc.session.public_bytes if auth == "mac" else None)
-            _publish(site.broker.port, births, tmp, conns, site.pub_tls)
-            _wait(lambda: svc.ingest.counts()["in:BIRTH"] >= n_ids, 120, 0.05)
-            base = svc.ingest.counts()["in:STATE"]
-            marks: list[tuple[float, int]] = []
-            stop = threading.Event()
-
-            def sample() -> None:
-                while not stop.is_set():
-                    marks.append((time.monotonic(), svc.ingest.counts()["in:STATE"] - base))
-                    time.sleep(0.01)
-            th = threading.Thread(target=sample, daemon=True)
-            th.start()
-            load0 = round(os.getloadavg()[0], 2)
-            pub_s = _publish(site.broker.port, states, tmp, conns, site.pub_tls)
-            _wait(lambda: svc.ingest.counts()["in:STATE"] - base >= len(states), 120, 0.02)
-            processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
-            stop.set()
-            th.join()
-            first = next((t for t, n in marks if n > 0), marks[0][0])
-            last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
-            n = svc.ingest.counts()["in:STATE"] - base
-            res[f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}_{'tls' if tls else 'tcp'}"
-                + ("" if fair else "_limits_off")] = {
-                "loadavg_before": load0,
-                "verified": n, "per_s": round(n / max(last - first, 1e-9)),
-                "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
-                "rejected": dict(svc.rejections()),
-                "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
-                "limited": {k: v for k, v in svc.ingest.counts().items() if k.startswith("limited:")},
-            }
-        finally:
-            svc.stop()
-            site.close()
+        key = (f"fog_{'verified' if auth == 'sig' else 'mac'}_{mode}{w}_{'tls' if tls else 'tcp'}"
+               + ("" if fair else "_limits_off"))
+        res[key] = _ingest_mode(ids, per, conns, tmp, mode, w, auth, tls, fair)
     return res
+
+
+def _ingest_mode(ids: list[Any], per: int, conns: int, tmp: Path, mode: str, w: int, auth: str,
+                 tls: bool, fair: bool) -> dict[str, Any]:
+    """One ingest mode of :func:`bench_ingest` on a fresh site: the figures under its key."""
+    from fog_broker.service import FogService, ServiceConfig
+    n_ids = len(ids)
+    name = f"ing{mode[0]}{w}{auth}{'tls' if tls else 'tcp'}{'' if fair else 'nolim'}{time.time_ns() % 10_000}"
+    site = _Site(tmp, name, ids, tls, conns)
+    svc = FogService(ServiceConfig(data_dir=site.site.dir, site=name, fog_id=site.site.fog_id,
+                                   mqtt_port=site.broker.port, tls=site.fog_tls, state_interval_s=1000.0,
+                                   verify_workers=w, verify_processes=mode == "processes",
+                                   summary_interval_s=1000.0, fair_share=fair), site=site.site).start()
+    try:
+        births, states = _frames(name, ids, per, 1, True, svc.session.public_bytes if auth == "mac" else None)
+        _publish(site.broker.port, births, tmp, conns, site.pub_tls)
+        _wait(lambda: svc.ingest.counts()["in:BIRTH"] >= n_ids, 120, 0.05)
+        base = svc.ingest.counts()["in:STATE"]
+        marks: list[tuple[float, int]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                marks.append((time.monotonic(), svc.ingest.counts()["in:STATE"] - base))
+                time.sleep(0.01)
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        load0 = round(os.getloadavg()[0], 2)
+        pub_s = _publish(site.broker.port, states, tmp, conns, site.pub_tls)
+        _wait(lambda: svc.ingest.counts()["in:STATE"] - base >= len(states), 120, 0.02)
+        processed = _wait(lambda: svc.registry.accepted >= n_ids + len(states), 30, 0.02)
+        stop.set()
+        th.join()
+        first = next((t for t, n in marks if n > 0), marks[0][0])
+        last = next((t for t, n in marks if n >= len(states)), marks[-1][0])
+        n = svc.ingest.counts()["in:STATE"] - base
+        return {
+            "loadavg_before": load0,
+            "verified": n, "per_s": round(n / max(last - first, 1e-9)),
+            "publisher_per_s": round(len(states) / pub_s), "registry_caught_up": processed,
+            "rejected": dict(svc.rejections()),
+            "dropped": {k: v for k, v in svc.counters.items() if "overflow" in k},
+            "limited": {k: v for k, v in svc.ingest.counts().items() if k.startswith("limited:")},
+        }
+    finally:
+        svc.stop()
+        site.close()
 
 
 def _intake_cpu(n_ids: int, per: int, rounds: int) -> dict[str, Any]:
@@ -405,9 +414,11 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
                   "selectors": {"role": "worker"}})
         c.wait_running("res", 30)
         total, detect, recover = [], [], []
-        for k in range(kills):
+        for _ in range(kills):
             def host() -> str:
-                return svc.call(lambda: [a.device for a in svc.controller.assignments_of("res")])[0]
+                devices: list[str] = svc.call(
+                    lambda: [a.device for a in svc.controller.assignments_of("res")])
+                return devices[0]
             victim = host()
             n_rec = len(svc.controller.recoveries)
             t_kill = time.monotonic()
@@ -416,7 +427,7 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
             stopper = threading.Thread(target=agents[victim].stop, kwargs={"crash": True}, daemon=True)
             stopper.start()
 
-            def running_elsewhere() -> bool:
+            def running_elsewhere(victim: str = victim) -> bool:
                 return bool(svc.call(lambda: [a for a in svc.controller.assignments_of("res")
                                              if a.device != victim and a.phase.value == "running"]))
             if not _wait(running_elsewhere, 20, 0.002):
@@ -431,7 +442,10 @@ def bench_failover(kills: int, workers: int, tmp: Path) -> dict[str, Any]:
                 recover.append(rec[0])
                 detect.append(max(0.0, (t_run - t_kill) - rec[0]))
             start_agent(victim, 700_000, {"role": "worker", "power-domain": f"pd{victim[1:]}"})
-            _wait(lambda: victim in svc.call(svc.registry.alive_ids), 30, 0.02)
+
+            def back(victim: str = victim) -> bool:
+                return victim in svc.call(svc.registry.alive_ids)
+            _wait(back, 30, 0.02)
             time.sleep(0.3)
         c.close()
 
@@ -467,8 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     if args.quick:
         args.states, args.kills = min(args.states, 5), min(args.kills, 8)
-    out: dict[str, Any] = {"benchmark": "fog", "quick": args.quick, "cpu_count": os.cpu_count(),
-                           "loadavg_at_start": os.getloadavg()[0]}
+    out = run_header("fog", args.quick)
     with tempfile.TemporaryDirectory(prefix="fog-bench-") as d:
         tmp = Path(d)
         if "ingest" not in args.skip:
@@ -482,12 +495,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             out["fair_share"] = bench_fair_share(args.agents, args.states, args.connections, args.rounds, tmp)
         if "failover" not in args.skip:
             out["failover"] = bench_failover(args.kills, args.workers, tmp)
-    emit("fog", out)
-    _human(out)
-    return 0
+    return report("fog", out, _human)
 
 
-def _human(out: dict[str, Any]) -> None:
+def _human(out: dict[str, Any]) -> str:
     lines = []
     cpu = out.get("ingest_cpu_single_thread")
     if cpu:
@@ -513,7 +524,7 @@ def _human(out: dict[str, Any]) -> None:
             fo["plain_deploy_send_to_running"]
         lines.append(f"failover: kill->running p50 {k['p50_s']} s p99 {k['p99_s']} s; detection->running p50 "
                      f"{r['p50_s']} s p99 {r['p99_s']} s; plain deploy p50 {p['p50_s']} s")
-    print("\n".join(lines), file=sys.stderr)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

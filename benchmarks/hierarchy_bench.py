@@ -33,7 +33,8 @@ import numpy as np
 
 from benchmarks._emit import OUT_DIR, emit
 from cloud_coordinator import aggregation as agg
-from models.train import SoftmaxRegression, load_digits_split
+from models.digits import load_digits_split
+from models.train import SoftmaxRegression
 
 OUT_PNG = OUT_DIR / "hierarchy.png"
 SCENARIOS = ("honest", "byzantine-devices", "byzantine-site")
@@ -61,7 +62,8 @@ def _local(model: SoftmaxRegression, w: list[np.ndarray], x: np.ndarray, y: np.n
 
 
 def _aggregate(rule: agg.Aggregator, rows: np.ndarray, base: np.ndarray) -> np.ndarray:
-    return base + rule.aggregate(rows, None, base=base).update
+    new: np.ndarray = base + rule.aggregate(rows, None, base=base).update
+    return new
 
 
 def run(sites: int, per_site: int, rounds: int, seed: int, scenario: str, *, lr: float = 0.1,

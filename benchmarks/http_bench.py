@@ -126,7 +126,7 @@ def pct(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     if not s:
         return float("nan")
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def _stats(xs: Sequence[float]) -> dict[str, float | None]:
@@ -362,12 +362,14 @@ def run(quick: bool, tmp: Path) -> dict[str, Any]:
         def retries() -> int:
             return int(admin.status(limit=0)["counters"].get("router.retries", 0))
 
-        dev, proc = victim_proc()
-        before = retries()
-        res = stream_with_kill(send_http, stream_threads, duration, duration / 3, lambda: kill9(proc))
-        res["killed"] = dev
-        res["router_failovers"] = retries() - before
-        out["failover_http"] = res
+        def failover(send: Callable[[int], tuple[bool, str]]) -> dict[str, Any]:
+            """Stream through ``send`` and kill -9 a replica's agent a third of the way in."""
+            dev, proc = victim_proc()
+            before = retries()
+            res = stream_with_kill(send, stream_threads, duration, duration / 3, lambda: kill9(proc))
+            return {**res, "killed": dev, "router_failovers": retries() - before}
+
+        out["failover_http"] = failover(send_http)
         # the lost replica is re-placed on the third agent; then the same again over MQTT
         wait_for(lambda: next(w for w in admin.status()["workloads"] if w["name"] == "mlp2")["healthy_replicas"] == 2,
                  60, "mlp2 back to 2 replicas")
@@ -379,12 +381,7 @@ def run(quick: bool, tmp: Path) -> dict[str, Any]:
                 return False, f"{type(exc).__name__}: {exc}"
             return (True, "") if np.allclose(arr, ref, rtol=1e-5, atol=1e-6) else (False, "wrong")
 
-        dev, proc = victim_proc()
-        before = retries()
-        res = stream_with_kill(send_mqtt, stream_threads, duration, duration / 3, lambda: kill9(proc))
-        res["killed"] = dev
-        res["router_failovers"] = retries() - before
-        out["failover_mqtt_baseline"] = res
+        out["failover_mqtt_baseline"] = failover(send_mqtt)
         st = admin.status()
         out["router_counters"] = {k: v for k, v in st["counters"].items() if k.startswith("router.")}
         out["load_end"] = _load()

@@ -19,6 +19,8 @@ Run: ``python -m benchmarks.models_bench [--quick]`` (or ``fogline bench models`
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import statistics
 import sys
 import time
@@ -58,9 +60,8 @@ def _real_model(label: str, path: Path, shapes: dict[str, list[int]], values: di
 
     from models.cuts import chain_profile, enumerate_cuts, max_partitions
     from models.errors import ModelError, ProfileWarning
-    from models.graph import analyze
     from models.partition import Partitioner
-    from models.probe import feeds_for, rel_diff
+    from models.probe import analyze, feeds_for, rel_diff
     from models.profile import profile_model
 
     data = path.read_bytes()
@@ -88,7 +89,7 @@ def _real_model(label: str, path: Path, shapes: dict[str, list[int]], values: di
                     splits[str(k)] = {"refused": str(exc)}
                 continue
             parts = p.split_into(k)
-            ms = _median_ms(lambda k=k: p.split_into(k), repeats)
+            ms = _median_ms(functools.partial(p.split_into, k), repeats)
             env = dict(feeds)
             for part in parts:
                 env.update(_session_run(part.onnx_bytes, env))
@@ -161,7 +162,7 @@ def _latency_model(label: str, path: Path, shapes: dict[str, list[int]],
 
     from models.cuts import chain_profile
     from models.errors import ProfileWarning
-    from models.graph import analyze
+    from models.probe import analyze
     from models.timing import time_segments
 
     with warnings.catch_warnings():
@@ -287,7 +288,8 @@ def run_big(quick: bool) -> dict[str, Any]:
         def go(mode: str) -> dict[str, Any]:
             out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True,
                                  text=True, timeout=1800, check=True).stdout
-            return json.loads(out.strip().splitlines()[-1])
+            row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+            return row
 
         base, split_, load = go("imports"), go("split"), go("load")
     size = layers * width * width * 4
@@ -307,7 +309,7 @@ def run_thousand(repeats: int) -> dict[str, Any]:
     """A 1,002-node graph: profile + cuts with static sizes and with sizes from one run."""
     from models import zoo
     from models.cuts import chain_profile, enumerate_cuts
-    from models.graph import analyze
+    from models.probe import analyze
     from models.profile import profile_model
 
     data = zoo.build("deep", blocks=143).SerializeToString()
@@ -333,8 +335,8 @@ def run(quick: bool) -> dict[str, Any]:
 
     from models import zoo
     from models.cuts import chain_profile, enumerate_cuts
-    from models.graph import analyze
     from models.partition import Partitioner, split
+    from models.probe import analyze
     from models.profile import profile_model
 
     repeats = 5 if quick else 20
@@ -377,7 +379,7 @@ def run(quick: bool) -> dict[str, Any]:
     def split_naive() -> None:
         # What onnx.utils.extract_model does: load, infer shapes, extract; per partition.
         bounds = [0, *cuts, n_nodes]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             m = onnx.load_model_from_string(data)
             inferred = onnx.shape_inference.infer_shapes(m)
             onnx.utils.Extractor(inferred).extract_model(list(names[a]), list(names[b]))

@@ -16,7 +16,12 @@ Measured in the same run, on the same fleet:
   and both plans' predictions from the cost model;
 - compressed cuts: float16 under ``max_activation_error`` and int8 under
   ``min_top1_agreement``: bytes per frame at the cut, the fog's calibration error, and the
-  answers' error and top-1 agreement against the model run whole, locally, in float32.
+  answers' error and top-1 agreement against the model run whole, locally, in float32;
+- a slow link between the two stages (``--slow-link`` bit/s, shaped by the kernel:
+  ``simulations.netshape``, each stage's agent in a network namespace of its own with ``tbf``
+  on its veth pair; the first stage's uplink and the second's downlink are slow, the frame's
+  way in and the answer's way out are not): frames/s of float32, float16 and int8 cuts on that
+  same link, each against the scheduler's prediction, and the gain over float32.
 
 Run: ``python -m benchmarks.pipeline_bench [--quick]`` (or ``fogline bench pipeline``).
 JSON on stdout and in out/bench/pipeline.json.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -65,7 +71,7 @@ def _plans(path: Path, flops: float, link: float) -> dict[str, Any]:
     """Both objectives' plans for the bench fleet under the cost model (offline, same profile)."""
     from fog_broker.placement import ChainProfile, Device, Fleet, Workload, chain_cost, schedule
     from models.cuts import chain_profile
-    from models.graph import analyze
+    from models.probe import analyze
 
     prof = ChainProfile.from_dict(chain_profile(analyze(path, input_shapes={"images": SHAPE}), 16,
                                                 strategy="balanced").to_dict())
@@ -98,6 +104,43 @@ def _compare(outs: list[dict[str, np.ndarray]], refs: list[np.ndarray]) -> dict[
     return {"answer_rel_error_max": float(max(errs)), "answer_top1_agreement": float(np.mean(agree))}
 
 
+_FAST = 1e9
+
+
+def _slow_rates(bps: float) -> list[tuple[float, float]]:
+    """(up, down) of each stage's link: stage 0's uplink and stage 1's downlink run at ``bps``
+    (the cut crosses both, through the fog's mosquitto); the frame's way in and the answer's
+    way out are fast."""
+    return [(bps, _FAST), (_FAST, bps)]
+
+
+def _advertised_fps(stages: list[dict[str, Any]], rates: dict[str, tuple[float, float]]
+                    ) -> float | None:
+    """1 / the slowest stage, each link's serialisation at the advertised rates (the fog's live
+    figure uses the agents' own uplink estimates, which queued frames bias low)."""
+    times = []
+    for st in stages:
+        if st["stage"].startswith("link "):
+            a, z = st["stage"][5:].split("->")
+            times.append(8.0 * st["bytes_per_frame"] / min(rates[a][0], rates[z][1]))
+        else:
+            times.append(st["predicted_s"])
+    return 1.0 / max(times) if times and max(times) > 0 else None
+
+
+def _slow_link_agents(site: Any, tmp: Path, args: argparse.Namespace, links: list[Any]
+                      ) -> list[subprocess.Popen[bytes]]:
+    """Two simulated workers, each in its link's namespace, reaching the fog over its veth pair."""
+    groups: list[subprocess.Popen[bytes]] = []
+    for i, (link, (up, down)) in enumerate(zip(links, _slow_rates(args.slow_link))):
+        w = {"id": f"slow{i}", "memory": 200_000_000, "flops": args.flops, "model_compute": True,
+             "uplink_bps": up, "downlink_bps": down,
+             "labels": {"role": "slow", "power-domain": f"slow{i}"}}
+        groups.append(site.spawn_agents([w], tmp / "agents", tmp / f"slow{i}.log",
+                                        host=link.host_ip, wrap=link.wrap))
+    return groups
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -122,25 +165,47 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                            "frames": args.frames, "serial_frames": args.serial,
                            "device_flops": args.flops, "device_link_bps": args.link,
                            "whole_model_local_1_thread_s": round(local_s, 4)}
-    res["plans_cost_model"] = _plans(path, args.flops, args.link)
+    if not args.slow_link_only:
+        res["plans_cost_model"] = _plans(path, args.flops, args.link)
+    from simulations.netshape import NetShape
+
+    why = NetShape.probe() if args.slow_link else "--slow-link 0"
+    shape = NetShape()
+    # links slow from the start, deploys included: the fog's deploy ack window covers shipping a
+    # partition (~6 MB) over the downlink the agent advertises
+    links = [shape.add(up, down) for up, down in _slow_rates(args.slow_link)] if why is None else []
+    # agents in other namespaces reach the fog over their veth pair: it listens on every address
+    # and its certificate names the host end of each pair
+    san = [a for link in links for a in ("--san", link.host_ip)]
     site = LocalSite(tmp / "fog", site="pipe", log=tmp / "fog.log",
+                     host="0.0.0.0" if links else "127.0.0.1",
                      args=["--state-interval", "1", "--startup-wait", "2",
-                           "--summary-interval", "1"]).start()
-    groups = []
+                           "--summary-interval", "1", *san])
+    try:
+        site.start()
+    except BaseException:
+        shape.close()
+        raise
+    groups: list[subprocess.Popen[bytes]] = []
     try:
         cam = {"id": "cam", "memory": 1000, "flops": 1e8, "link_bps": args.link,
                "labels": {"role": "source", "power-domain": "pc"}}
-        groups.append(site.spawn_agents([cam], tmp / "agents", tmp / "cam.log"))
+        groups.append(site.spawn_agents([cam], tmp / "agents", tmp / "cam.log", host="127.0.0.1"))
+        want = {"cam"}
+        if why is None:
+            groups += _slow_link_agents(site, tmp, args, links)
+            want |= {"slow0", "slow1"}
         # each worker its own process: two stages on two cores. "sim": a stage takes at least
         # its FLOPs / the advertised FLOP/s (the cost model's device); "real": what the CPU takes.
-        for mode in ("sim", "real"):
+        for mode in () if args.slow_link_only else ("sim", "real"):
+            want |= {f"{mode}0", f"{mode}1"}
             for i in range(2):
                 w = {"id": f"{mode}{i}", "memory": 200_000_000, "flops": args.flops,
                      "link_bps": args.link, "model_compute": mode == "sim",
                      "labels": {"role": mode, "power-domain": f"{mode}{i}"}}
-                groups.append(site.spawn_agents([w], tmp / "agents", tmp / f"{mode}{i}.log"))
+                groups.append(site.spawn_agents([w], tmp / "agents", tmp / f"{mode}{i}.log",
+                                                host="127.0.0.1"))
         c = site.client()
-        want = {"cam", "sim0", "sim1", "real0", "real1"}
         _wait(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want,
               180, "agents alive")
         base = {"model": str(path), "source": "cam", "sink": "cam",
@@ -155,7 +220,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             return [[p["segments"][0], p["segments"][1], p["device"]]
                     for p in w["placement"][0]["partitions"]]
 
-        for mode in ("sim", "real"):
+        for mode in () if args.slow_link_only else ("sim", "real"):
             # 1. throughput objective: one at a time (the baseline) vs pipelined
             deploy(f"thr-{mode}", mode, objective="throughput", min_partitions=2,
                    max_partitions=2)
@@ -181,12 +246,14 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             c.delete(f"lat-{mode}")
         # 3. compressed cuts (simulated devices)
         comp: dict[str, Any] = {}
-        for name, bound in (("float16", {"max_activation_error": 1e-3}),
-                            ("int8", {"min_top1_agreement": 0.99})):
+        for name, bound in () if args.slow_link_only else (
+                ("float16", {"max_activation_error": 1e-3}), ("int8", {"min_top1_agreement": 0.99})):
             w = deploy(name, "sim", objective="throughput", min_partitions=2, max_partitions=2,
                        **bound)
-            acts = _wait(lambda: _row(c, name)["placement"][0]["activations"], 180,
-                         f"{name} wires chosen")
+
+            def wires(name: str = name) -> Any:
+                return _row(c, name)["placement"][0]["activations"]
+            acts = _wait(wires, 180, f"{name} wires chosen")
             fps, outs = _fps(c, name, frames, args.window)
             cut = acts["cuts"][0]
             comp[name] = {"bound": bound, "partitions": parts(w), "wire": cut["wire"],
@@ -198,7 +265,48 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                           "calibration_top1": acts.get("top1_agreement"),
                           "pipelined_fps": round(fps, 3), **_compare(outs, refs)}
             c.delete(name)
-        res["compressed_cuts"] = comp
+        if comp:
+            res["compressed_cuts"] = comp
+        # 4. the same chain on a slow link: float32 (the baseline), float16 and int8 cuts
+        slow: dict[str, Any] = {"link_bps": args.slow_link, "frames": args.slow_frames,
+                                "window": args.slow_window,
+                                "unavailable": why}
+        if why is None:
+            slow["shaped_by"] = ("tbf on veth pairs into per-agent network namespaces (kernel), "
+                                 "shaped before deploying")
+            slow["netem"] = NetShape.has_netem()  # delay/loss: not on this kernel when False
+            for name, bound in (("float32", {}), ("float16", {"max_activation_error": 1e-3}),
+                                ("int8", {"min_top1_agreement": 0.99})):
+                wname = f"slow-{name}"
+                w = deploy(wname, "slow", objective="throughput", min_partitions=2,
+                           max_partitions=2, **bound)
+
+                def cut_wires(wname: str = wname) -> Any:
+                    return _row(c, wname)["placement"][0]["activations"]
+                cut = _wait(cut_wires, 180, f"{wname} wires chosen")["cuts"][0] if bound else {}
+                fps, outs = _fps(c, wname, frames[:args.slow_frames], args.slow_window)
+                w = _row(c, wname)
+                pred = w["throughput"]["predicted_fps"]
+                rates = {"cam": (args.link, args.link),
+                         **{f"slow{i}": r for i, r in enumerate(_slow_rates(args.slow_link))}}
+                adv = _advertised_fps(w["placement"][0].get("stages") or [], rates)
+                slow[name] = {"predicted_fps_advertised_links": round(adv, 3) if adv else None,
+                              "measured_vs_advertised": round(fps / adv - 1, 4) if adv else None,
+                              "partitions": parts(w), "measured_on": w.get("measured_on"),
+                              "stages": w["placement"][0].get("stages"),
+                              "bottleneck": w["placement"][0].get("bottleneck"),
+                              "wire": cut.get("wire", "float32"),
+                              "note": cut.get("note"),
+                              "wire_bytes_per_frame": cut.get("wire_bytes"),
+                              "predicted_fps": round(pred, 3) if pred else None,
+                              "pipelined_fps": round(fps, 3),
+                              "measured_vs_predicted": round(fps / pred - 1, 4) if pred else None,
+                              **_compare(outs, refs[:args.slow_frames])}
+                c.delete(wname)
+            base_fps = slow["float32"]["pipelined_fps"]
+            for name in ("float16", "int8"):
+                slow[name]["fps_gain_vs_float32"] = round(slow[name]["pipelined_fps"] / base_fps, 3)
+        res["slow_link"] = slow
         c.close()
     finally:
         for g in groups:
@@ -206,9 +314,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for g in groups:
             try:
                 g.wait(10)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 g.kill()
         site.kill()
+        shape.close()
     return res
 
 
@@ -220,11 +329,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=8, help="requests in flight when pipelined")
     ap.add_argument("--flops", type=float, default=1e10, help="each worker's advertised FLOP/s")
     ap.add_argument("--link", type=float, default=1e9, help="each device's advertised bit/s")
+    ap.add_argument("--slow-link", type=float, default=10e6,
+                    help="bit/s of the shaped link between the stages (0: skip that part)")
+    ap.add_argument("--slow-frames", type=int, default=20, help="frames per slow-link measurement")
+    ap.add_argument("--slow-window", type=int, default=4,
+                    help="requests in flight on the slow link (a deeper queue on a saturated uplink "
+                         "holds the agent's heartbeats back too: the fog may declare it lost)")
+    ap.add_argument("--slow-link-only", action="store_true",
+                    help="only the slow-link part (float32 vs float16 vs int8 on one link)")
     ap.add_argument("--model", help="another ONNX file with one 'images' input (default YOLOv8n)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.ERROR)
     if args.quick:
         args.frames, args.serial = min(args.frames, 24), min(args.serial, 10)
+        args.slow_frames = min(args.slow_frames, 12)
     out: dict[str, Any] = {"benchmark": "pipeline", "quick": args.quick, "cpu_count": os.cpu_count(),
                            "loadavg_at_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as d:

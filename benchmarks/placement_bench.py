@@ -5,16 +5,14 @@ Run: ``python -m benchmarks.placement_bench [--quick]``. Prints JSON on stdout, 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import quick_main
 from fog_broker.placement import (
     ChainProfile,
     Device,
@@ -106,7 +104,7 @@ def make_profile(rng: random.Random, n: int, scale: float = 1.0) -> ChainProfile
 
 def pct(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 # --- baselines ------------------------------------------------------------------------------
@@ -210,12 +208,12 @@ def brute(fleet: Fleet, w: Workload) -> float | None:
         for cuts in itertools.combinations(range(1, n), k - 1):
             b = (0, *cuts, n)
             ranges = [(b[i], b[i + 1] - 1) for i in range(k)]
-            mems = [prof.memory_of(f, l) for f, l in ranges]
+            mems = [prof.memory_of(first, last) for first, last in ranges]
             for perm in itertools.permutations(devs, k):
                 if any(m > d.memory_bytes for m, d in zip(mems, perm)):
                     continue
-                v = _cost(fleet, prof, [PartitionPlacement(f, l, d.id)
-                                        for (f, l), d in zip(ranges, perm)], w)
+                v = _cost(fleet, prof, [PartitionPlacement(first, last, d.id)
+                                        for (first, last), d in zip(ranges, perm)], w)
                 best = v if best is None or v < best else best
     return best
 
@@ -441,13 +439,7 @@ def summary(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="placement_bench", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="smaller run (~30 s)")
-    args = ap.parse_args(argv)
-    res = run(args.quick)
-    emit("placement", res)
-    print(summary(res), file=sys.stderr)
-    return 0
+    return quick_main("placement", run, summary, argv, description=__doc__, quick_help="smaller run (~30 s)")
 
 
 if __name__ == "__main__":

@@ -125,7 +125,8 @@ def local_train(theta: np.ndarray, c: Clients, s: Setup) -> np.ndarray:
         z *= c.valid
         grad = z @ c.x / c.count            # (C, classes, k)
         wt -= s.lr * (grad + s.l2 * wt)
-    return np.swapaxes(wt, 1, 2).reshape(c.x.shape[0], -1) - theta
+    updates: np.ndarray = np.swapaxes(wt, 1, 2).reshape(c.x.shape[0], -1) - theta
+    return updates
 
 
 def accuracy(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:

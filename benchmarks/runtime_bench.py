@@ -33,15 +33,17 @@ from typing import Any
 
 import numpy as np
 
+# Run as a script (python benchmarks/runtime_bench.py) too: the repository root goes on sys.path
+# before the project's imports.
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._emit import emit
-from runtime import codec
-from runtime.errors import DecodeError
-from runtime.messages import CommandAck, Deploy, DeviceState, InferenceRequest
-from runtime.security import Identity, Signer, TrustStore, Verifier
+from benchmarks._emit import emit  # noqa: E402
+from runtime import codec  # noqa: E402
+from runtime.errors import DecodeError  # noqa: E402
+from runtime.messages import CommandAck, Deploy, DeviceState, InferenceRequest  # noqa: E402
+from runtime.security import Identity, Signer, TrustStore, Verifier  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -72,7 +74,8 @@ def bench_codec(budget: float) -> dict[str, Any]:
     arr = np.random.default_rng(0).standard_normal(MIB // 4, dtype=np.float32)
     msg = InferenceRequest("req-1", "resnet", "fogline/v1/s/reply/c", {"input": arr})
     frame = codec.encode(msg)
-    assert np.array_equal(codec.decode(frame).tensors["input"], arr)
+    decoded = codec.decode(frame)
+    assert isinstance(decoded, InferenceRequest) and np.array_equal(decoded.tensors["input"], arr)
     pick = pickle.dumps(msg.tensors, protocol=5)
     mb = arr.nbytes / MIB
     out = {
@@ -150,13 +153,16 @@ class _Pair:
 
     def start(self) -> _Pair:
         if self.flavour == "runtime":
-            from runtime.mqtt import MqttClient
+            from runtime.mqtt import Inbound, MqttClient
 
             a = MqttClient(f"bench-a-{id(self)}", "127.0.0.1", self.port)
             b = MqttClient(f"bench-b-{id(self)}", "127.0.0.1", self.port)
             a.subscribe("bench/pong", lambda m: self.pongs.put(m.payload), qos=1)
             a.subscribe("bench/flow", lambda m: self._count(), qos=1)
-            b.subscribe("bench/ping", lambda m: b.publish("bench/pong", m.payload, qos=1), qos=1)
+
+            def echo(m: Inbound) -> None:
+                b.publish("bench/pong", m.payload, qos=1)
+            b.subscribe("bench/ping", echo, qos=1)
             for c in (a, b):
                 c.start()
                 assert c.wait_connected(10)
@@ -172,8 +178,11 @@ class _Pair:
                 c.max_queued_messages_set(10_000)
                 # same socket option as the adapter, so the ratio measures the adapter, not Nagle
                 # (default paho measured ~44 ms p50 RTT here against ~0.5 ms with it)
-                c.on_socket_open = lambda cl, u, sock: sock.setsockopt(
-                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+                def nodelay(cl: Any, u: Any, sock: Any) -> None:
+                    if isinstance(sock, socket.socket):  # TCP (not a websocket wrapper)
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                c.on_socket_open = nodelay
                 return c
 
             a, b = mk(f"raw-a-{id(self)}"), mk(f"raw-b-{id(self)}")
@@ -197,7 +206,11 @@ class _Pair:
                 c.connect("127.0.0.1", self.port, keepalive=10)
                 c.loop_start()
                 assert ok.wait(10)
-                self._closers.append(lambda c=c: (c.disconnect(), c.loop_stop()))
+
+                def close(c: Any = c) -> None:
+                    c.disconnect()
+                    c.loop_stop()
+                self._closers.append(close)
             self.publish = lambda t, p, q: a.publish(t, p, qos=q)
         self._warm()
         return self
@@ -243,7 +256,7 @@ class _Pair:
 
 def _pct(samples: list[float], q: float) -> float:
     s = sorted(samples)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def bench_mqtt(quick: bool) -> dict[str, Any]:

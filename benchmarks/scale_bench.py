@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import report, run_header
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def pct(xs: Sequence[float], q: float) -> float | None:
     s = sorted(xs)
     if not s:
         return None
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -113,7 +113,7 @@ class _Fleet:
                     os.killpg(p.pid, signal.SIGTERM if name == "fog" else signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-        for name, p in self.procs.items():
+        for p in self.procs.values():
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
@@ -158,12 +158,13 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
                 c = FogClient("127.0.0.1", fl.port, credentials=fl.fog.credentials(), connect_timeout=2.0)
                 c.status(timeout=2.0)
                 break
-            except Exception:  # noqa: BLE001 - the broker is still starting
+            except Exception as exc:  # the broker is still starting: retry; at last, the cause
                 if c is not None:
                     c.close()
                     c = None
                 if time.monotonic() - t0 > 60:
-                    raise RuntimeError("fog broker did not start: " + (tmp / "fog.log").read_text()[-2000:])
+                    raise RuntimeError("fog broker did not start: "
+                                       + (tmp / "fog.log").read_text()[-2000:]) from exc
                 time.sleep(0.3)
         res["fog_start_s"] = _r(time.monotonic() - t0)
         _log(f"mqtt: fog broker up on port {fl.port}; starting {total} agents in {procs} processes")
@@ -213,13 +214,14 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
                              k != "verifier.accepted" and v}
 
         # --- deployment of n workloads at once
-        specs = [{"name": f"mlp{k:02d}", "model": "zoo:mlp", "replicas": 2, "source": "cam-0", "sink": "cam-1",
-                  "selectors": {"role": "worker"}} for k in range(n_workloads)]
+        specs: list[dict[str, Any]] = [
+            {"name": f"mlp{k:02d}", "model": "zoo:mlp", "replicas": 2, "source": "cam-0", "sink": "cam-1",
+             "selectors": {"role": "worker"}} for k in range(n_workloads)]
         names = {s["name"] for s in specs}
         t_dep = time.monotonic()
         c.deploy({"workloads": specs}, timeout=120.0)
         t_acc = time.monotonic()
-        if not _wait(lambda: _all_running(c.status(), names, set()), 180, 0.1):  # type: ignore[union-attr]
+        if not _wait(lambda: _all_running(c.status(), names, set()), 180, 0.1):
             raise RuntimeError("workloads not running after 180 s")
         t_run = time.monotonic()
         st = c.status(limit=5000)
@@ -233,7 +235,7 @@ def bench_mqtt(procs: int, per: int, n_workloads: int, tmp: Path, interval: floa
         # --- baseline: kill -9 of a single-device process hosting one partition
         c.deploy({"workloads": [{"name": "solo", "model": "zoo:mlp", "source": "cam-0", "sink": "cam-1",
                                  "selectors": {"role": "solo"}, "max_partitions": 1}]}, timeout=60.0)
-        if not _wait(lambda: _all_running(c.status(), {"solo"}, set()), 60, 0.1):  # type: ignore[union-attr]
+        if not _wait(lambda: _all_running(c.status(), {"solo"}, set()), 60, 0.1):
             raise RuntimeError("solo workload not running")
         host = next(iter(_hosts(c.status())["solo"]))
         res["single_kill"] = _kill_and_time(c, fl, host.rsplit("-", 1)[0], {"solo"}, [host])
@@ -333,25 +335,23 @@ def bench_registry(devices: int, reps: int = 5) -> dict[str, Any]:
     full, inc, rep_full, rep_inc = [], [], [], []
     for k in range(reps):
         reg.invalidate()
-        t0 = time.perf_counter()
-        reg.fleet()
-        full.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        reg.reported()
-        rep_full.append(time.perf_counter() - t0)
+        full.append(_timed(reg.fleet))
+        rep_full.append(_timed(reg.reported))
         d = fleet[k % len(fleet)]
         d.state = None
         reg.handle(d.state_advert(float(1000 * (k + 1))), 1.0 + k)
-        t0 = time.perf_counter()
-        reg.fleet()
-        inc.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        reg.reported()
-        rep_inc.append(time.perf_counter() - t0)
+        inc.append(_timed(reg.fleet))
+        rep_inc.append(_timed(reg.reported))
     f, i = pct(full, 0.5) or 0.0, pct(inc, 0.5) or 1e-9
     return {"devices": devices, "fleet_full_rebuild_ms": round(f * 1e3, 2), "fleet_incremental_ms": round(i * 1e3, 3),
             "fleet_speedup": round(f / i, 1), "reported_full_ms": round((pct(rep_full, 0.5) or 0) * 1e3, 2),
             "reported_incremental_ms": round((pct(rep_inc, 0.5) or 0) * 1e3, 3)}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------- main
@@ -364,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     q = args.quick
-    out: dict[str, Any] = {"benchmark": "scale", "quick": q, "cpu_count": os.cpu_count(),
-                           "loadavg_at_start": round(os.getloadavg()[0], 2)}
+    out = run_header("scale", q)
     t0 = time.monotonic()
     if "registry" not in args.skip:
         _log("registry: fleet snapshot, full vs incremental")
@@ -385,12 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="scale-bench-") as d:
             out["mqtt"] = bench_mqtt(procs, per, 10 if q else 20, Path(d))
     out["bench_wall_s"] = round(time.monotonic() - t0, 1)
-    emit("scale", out)
-    _human(out)
-    return 0
+    return report("scale", out, _human)
 
 
-def _human(out: dict[str, Any]) -> None:
+def _human(out: dict[str, Any]) -> str:
     lines = []
     rg = out.get("registry")
     if rg:
@@ -420,7 +417,7 @@ def _human(out: dict[str, Any]) -> None:
             k = mq.get(key) or {}
             lines.append(f"  kill -9 {key} ({k.get('devices')} devices, {k.get('workloads_hit')} workloads): "
                          f"detected {k.get('kill_to_detection_s')} s, all running {k.get('kill_to_all_running_s')} s")
-    print("\n".join(lines), file=sys.stderr)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

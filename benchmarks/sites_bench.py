@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import report, run_header
 
 
 def _log(msg: str) -> None:
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     sc = load_scenario(args.scenario)
     sites = args.sites or (10 if args.quick else int(sc.sites.get("count", 100)))
     duration = args.duration or (1800.0 if args.quick else sc.duration_s)
-    out: dict[str, Any] = {"benchmark": "sites", "quick": args.quick, "scenario": sc.name, "cpu_count": os.cpu_count(),
-                           "loadavg_at_start": round(os.getloadavg()[0], 2)}
+    out = run_header("sites", args.quick, scenario=sc.name)
     t0 = time.monotonic()
     _log(f"baseline: one site of {sc.name}, {sc.devices} devices, {duration / 60:g} simulated minutes")
     base = bench_baseline(sc, duration)
@@ -101,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     per_site = fleet["cpu_s_with_build"] / sites
     out["per_site_cpu_s"] = round(per_site, 3)
     out["per_site_cost_ratio"] = round(per_site / base["cpu_s"], 2) if base["cpu_s"] else None
-    out["per_site_wall_ratio"] = round(fleet["wall_s_with_build"] / sites / base["wall_s"], 2) if base["wall_s"] else None
+    out["per_site_wall_ratio"] = (round(fleet["wall_s_with_build"] / sites / base["wall_s"], 2)
+                                  if base["wall_s"] else None)
     out["events_per_cpu_s_ratio"] = round(fleet["events_per_cpu_s"] / base["events_per_cpu_s"], 2) \
         if base["events_per_cpu_s"] else None
     out["peak_rss_mb"] = round(_peak_mb(), 1)
@@ -111,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     brief = {**out, "fleet": {k: v for k, v in fleet.items() if k != "per_site"}}
     if brief["fleet"].get("rollout"):
         brief["fleet"]["rollout"] = {k: v for k, v in fleet["rollout"].items() if k != "timeline"}
-    emit("sites", out, stdout=brief)
-    _human(out)
-    return 0
+    return report("sites", out, _human, stdout=brief)
 
 
-def _human(out: dict[str, Any]) -> None:
+def _human(out: dict[str, Any]) -> str:
     b, f = out["baseline_single_site"], out["fleet"]
     ro = f.get("rollout") or {}
     sm = f["summaries"]
@@ -137,7 +135,7 @@ def _human(out: dict[str, Any]) -> None:
         lines.append(f"rollout {ro['release']}: {ro['step']} at {ro.get('finished_at_s')} s (released at "
                      f"{ro.get('released_at_s')} s), {ro.get('sites_accepted')} sites accepted, "
                      f"{ro.get('sites_switched')} switched (last {ro.get('last_switched_s')} s)")
-    print("\n".join(lines), file=sys.stderr)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

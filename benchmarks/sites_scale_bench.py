@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._emit import emit
+from benchmarks._emit import emit, run_header
 from simulations.wan_relay import WanLink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,7 +403,7 @@ class Bench:
             specs += [{"name": f"aux{k}", "model": "zoo:mlp", "replicas": 2, "source": io, "sink": io,
                        "selectors": {"role": "worker"}} for k in range(self.aux)]
             s.admin.deploy({"workloads": specs}, timeout=60.0)
-        for n, s in self.sites.items():
+        for s in self.sites.values():
             for w in ["svc"] + [f"aux{k}" for k in range(self.aux)]:
                 s.admin.wait_running(w, 90)
 
@@ -731,8 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     # quick: the rollout reaches c within a few seconds, so a longer cut makes its republish find the link
     # known dead (paho detects it after 1.5 keepalives), as the full run's slower canary step does
     cut_s = args.cut if args.cut is not None else (25.0 if q else 20.0)
-    out: dict[str, Any] = {"benchmark": "sites_scale", "quick": q, "cpu_count": os.cpu_count(),
-                           "loadavg_at_start": round(os.getloadavg()[0], 2)}
+    out = run_header("sites_scale", q)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sites-scale-") as d:
         out.update(run(q, groups, per_group, cut_s, Path(d)))
@@ -742,11 +741,11 @@ def main(argv: list[str] | None = None) -> int:
     if out.get("error"):
         print(f"error: {out['error']}", file=sys.stderr)
         return 1
-    _human(out)
+    print(_human(out), file=sys.stderr)
     return 0
 
 
-def _human(out: dict[str, Any]) -> None:
+def _human(out: dict[str, Any]) -> str:
     b, f = out["baseline_rollout"], out["faulted_rollout"]
     lines = [(f"{out['sites']} sites x {out['agents_per_site']} agents ({out['agent_processes_per_site']} "
               f"processes each): all {out['agents']} live in {out['all_agents_live_s']} s "
@@ -770,7 +769,7 @@ def _human(out: dict[str, Any]) -> None:
     lines.append(f"peak RSS: fog (broker + verify workers + mosquitto) <= {m['fog_peak_rss_mb_per_site_max']} MB per "
                  f"site; agent process <= {m['agent_process_peak_rss_mb_max']} MB ({m['per_agent_mb']} MB per agent); "
                  f"coordinator {m['coordinator_peak_rss_mb']} MB")
-    print("\n".join(lines), file=sys.stderr)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workload", dest="release_name", help=argparse.SUPPRESS)
     p.add_argument("--release-every", type=int, default=0, help="release every K rounds (0: the app's setting)")
     p.add_argument("--run-config", default="", help="app run config overrides, 'key=value key2=\"text\"'")
-    p.add_argument("--battery-floor", type=float, default=0.3)
+    p.add_argument("--battery-floor", type=float, default=0.3,
+                   help="a discharging device below this charge does not train (a charging one may)")
+    p.add_argument("--selection", default=None, metavar="RULE",
+                   help="who trains, from the fogs' summaries: battery-floor (default) or cross-device (only "
+                        "charging, unmetered, idle, unthrottled devices); run config key 'selection'")
     p.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("--watchdog", type=ca.nonneg_float, default=None,
@@ -154,7 +158,8 @@ def _overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, An
     if args.non_iid is not None:
         out.update({"iid": False, "alpha": float(args.non_iid)})
     for flag, key in (("seed", "seed"), ("rule", "rule"), ("f", "f"), ("min_clients", "min-train-nodes"),
-                      ("round_timeout", "round-timeout"), ("grace", "grace"), ("rounds", "num-server-rounds")):
+                      ("round_timeout", "round-timeout"), ("grace", "grace"), ("rounds", "num-server-rounds"),
+                      ("selection", "selection")):
         if getattr(args, flag) is not None and key in config:  # keep the app's own config consistent
             out[key] = getattr(args, flag)
     return out
@@ -182,6 +187,7 @@ def _check_run_config(cfg: dict[str, Any], args: argparse.Namespace) -> str | No
     from .aggregation import get_rule
 
     rule = args.rule or str(cfg.get("rule", "") or "") or None
+    selection_rule(cfg, args)
     f = args.f if args.f is not None else cfg.get("f", 1)
     if isinstance(f, bool) or not isinstance(f, int):
         raise ValueError(f"f must be an integer, got {f!r}")
@@ -199,6 +205,17 @@ def _check_run_config(cfg: dict[str, Any], args: argparse.Namespace) -> str | No
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
             raise ValueError(f"{key} must be {what}, got {v!r}")
     return rule
+
+
+def selection_rule(cfg: dict[str, Any], args: argparse.Namespace) -> str:
+    """The selection rule of --selection, else the run config's ``selection`` (checked: a bad name is one line)."""
+    from .selection import DEFAULT_RULE, policy_named
+
+    name = args.selection if args.selection is not None else cfg.get("selection", DEFAULT_RULE)
+    if not isinstance(name, str):
+        raise ValueError(f"selection must be a name, got {name!r}")
+    policy_named(name, args.battery_floor)  # LocalViolation: unknown name, or a floor outside [0, 1]
+    return name
 
 
 def coordinator(args: argparse.Namespace) -> int:
@@ -268,6 +285,8 @@ def coordinator(args: argparse.Namespace) -> int:
         except (FoglineError, ValueError) as exc:
             return _fatal(work, f"run config: {exc}")
         effective = {**dict(spec.config), **overrides}
+        if "selection" not in spec.config:  # the coordinator's key (settings), not one the app knows
+            overrides.pop("selection", None)
         round_s = float(args.round_timeout or effective.get("round-timeout") or 60.0)
         grace_s = float(args.grace if args.grace is not None else effective.get("grace", 5.0))
         watchdog = args.watchdog if args.watchdog is not None else watchdog_bound(round_s, grace_s)
@@ -293,7 +312,7 @@ def coordinator(args: argparse.Namespace) -> int:
             sites={s.name: {"summaries_dir": str(summaries_dir_of(work, s.name)), "fog_id": s.creds.fog.fog_id,
                             "fog_key": s.creds.fog.public_key.hex(), "fog_site": s.creds.fog.site}
                    for s in table.sites} if table is not None else {},
-            battery_floor=args.battery_floor, lineage=lineage.id,
+            battery_floor=args.battery_floor, selection=selection_rule(effective, args), lineage=lineage.id,
             client_evaluate=spec.client_evaluate and not args.hierarchical)  # a site bridge does not evaluate
         if not args.no_supernode_auth and not (work / "supernodes.json").exists():
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
@@ -370,6 +389,8 @@ def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict
         skipped = f" SKIPPED: {h['skipped']}" if h.get("skipped") else ""
         print(f"  round {h['round']}: {len(h.get('accepted', []))}/{len(h.get('clients', []))} accepted"
               f"{'' if acc is None else f', accuracy {acc:.4f}'}{extra}{skipped}")
+        if isinstance(h.get("selection"), dict):
+            print(f"    {selection_line(h['selection'])}")
     for rel in doc.get("releases", []):
         if "error" in rel:
             print(f"  release after round {rel['round']} failed: {rel['error']}")
@@ -381,6 +402,13 @@ def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict
         for r in rolled:
             print(f"  {rollout_line(r)}")
     print(f"checkpoints in {', '.join(s.checkpoint_dirs)}; report {Path(s.work_dir) / 'report.json'}")
+
+
+def selection_line(sel: dict[str, Any]) -> str:
+    """'selection (cross-device): a: selected; b: metered link' from a round's report entry."""
+    devices = sel.get("devices") or {}
+    return f"selection ({sel.get('rule') or 'battery-floor'}): " + (
+        "; ".join(f"{d}: {why}" for d, why in sorted(devices.items())) or "no device reported")
 
 
 def supernodes(args: argparse.Namespace) -> int:

@@ -613,13 +613,8 @@ class Supervisor:
 
     def close(self) -> None:
         self._stop_run()
-        if self.owned and self.superlink is not None and self.superlink.poll() is None:
-            self.superlink.terminate()
-            try:
-                self.superlink.wait(10)
-            except subprocess.TimeoutExpired:
-                self.superlink.kill()
-                self.superlink.wait(10)
+        if self.owned:
+            children.stop(self.superlink, 10.0)
         self.stop_stray_serverapps(quiet=True)  # one still exiting after its last round, or an orphan
 
 

@@ -50,10 +50,16 @@ def reason_key(why: str) -> str:
 
 
 class ArrayLike(Protocol):
-    dtype: str
-    shape: Sequence[int]
-    stype: str
-    data: bytes
+    """Flower's ``Array`` as read here (read-only members, so a ``tuple`` shape fits)."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def stype(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,7 +210,8 @@ def _rounds(f: Families, snap: Mapping[str, Any], now: float, rule: str) -> None
         last = history[-1]
         sent = list(last.get("clients") or ())
         for outcome, n in (("sent", len(sent)), ("accepted", len(last.get("accepted") or ())),
-                           ("rejected", len(last.get("rejected") or {})), ("no_reply", len(last.get("no_reply") or ()))):
+                           ("rejected", len(last.get("rejected") or {})),
+                           ("no_reply", len(last.get("no_reply") or ()))):
             f.add("round_clients", n, outcome)
         for k, v in sorted((last.get("server") or {}).items()):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):

@@ -946,7 +946,8 @@ class RolloutBook:
         return [Note(f"{r.label}: {step.value}" + (f": {reason}" if reason else ""), level)]
 
 
-OUTAGE_GRACE_S = RolloutPolicy.outage_grace_s  # the longest cut a rollout waits out per outage
+# the longest cut a rollout waits out per outage (the default; a slots class has no class-level value)
+OUTAGE_GRACE_S = RolloutPolicy().outage_grace_s
 
 
 class RolloutClock:

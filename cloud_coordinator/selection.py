@@ -9,6 +9,10 @@ as a fixed phrase so reasons can be counted ("3 battery below floor").
 (Gboard, Apple's on-device training): a device trains only while it is charging,
 on an unmetered link, idle and not throttled, so a round never costs its owner
 battery, data or a hot, slow phone.
+
+The coordinator picks one by name (``fogline coordinator --selection``, run-config key
+``selection``): ``battery-floor`` (the default: the floor applies to a discharging device's charge,
+a charging one is eligible at any level) or ``cross-device``; ``policy_named`` builds it.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from runtime.errors import LocalViolation
 from runtime.messages import DeviceSummary, FleetSummary
 
 __all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "explain_devices", "SELECTED",
-           "REASONS"]
+           "REASONS", "RULES", "DEFAULT_RULE", "policy_named"]
 
 SELECTED = "selected"
 DEAD = "not alive"
@@ -35,6 +39,8 @@ NOT_CHARGING = "on battery, not charging"
 BUSY = "not idle"
 REASONS = (SELECTED, DEAD, STALE, LOW_BATTERY, THROTTLED, METERED, FOG_UNFIT, SAMPLED_OUT, NOT_CHARGING,
            BUSY)
+DEFAULT_RULE = "battery-floor"
+RULES = (DEFAULT_RULE, "cross-device")  # the names a coordinator takes (--selection, run config "selection")
 
 
 class Sampler(Protocol):
@@ -68,6 +74,15 @@ class SelectionPolicy:
         """Production cross-device FL: charging (or mains), unmetered, idle, not throttled."""
         return cls(battery_floor=battery_floor, require_charging=True, max_cpu_load=max_cpu_load,
                    max_clients=max_clients)
+
+
+def policy_named(name: str, battery_floor: float = 0.3) -> SelectionPolicy:
+    """The policy a coordinator setting names; an unknown name is one line, never a default."""
+    if name == "cross-device":
+        return SelectionPolicy.cross_device(battery_floor=battery_floor)
+    if name == DEFAULT_RULE:
+        return SelectionPolicy(battery_floor=battery_floor)
+    raise LocalViolation(f"selection must be one of {', '.join(RULES)}, got {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +149,6 @@ def explain(sel: Selection) -> str:
     tail = ", ".join(f"{n} {why}" for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     head = f"{len(sel.selected)}/{len(sel.reasons)} devices selected"
     return f"{head}: {tail}" if tail else head
-
-
 
 
 def explain_devices(sel: Selection) -> str:

@@ -61,6 +61,7 @@ class Settings:
     # summaries in their own directory, verified under that site's pinned fog key
     sites: dict[str, dict[str, str]] = field(default_factory=dict)
     battery_floor: float = 0.3
+    selection: str = "battery-floor"  # selection.RULES; "cross-device": charging, unmetered, idle, cool
     client_evaluate: bool = True   # False: the ClientApp cannot evaluate (none, or a site bridge): send no evaluate
     lineage: str = ""              # lineage.json id: part of the config hash, so a new lineage never resumes an old
 

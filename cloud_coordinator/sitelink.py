@@ -286,6 +286,6 @@ class SiteLink:
                 if not res.ok:
                     out.append(ProbeSample(w, False, res.error[:200] or res.failure or "failed"))
                     continue
-                got = {k: v for k, v in res.tensors.items()}
+                got = dict(res.tensors)
                 out.append(ProbeSample(w, True, "", compare_outputs(ref, got, p.rtol, p.atol), float(res.latency_s)))
         return out

@@ -267,8 +267,28 @@ def status_doc(work: Path, names: list[str] | None = None) -> dict[str, Any]:
             "releases": info.get("releases") or {},
             "rollouts": rollouts})
     return {"checkpoint_dir": str(work), "coordinator_running": fresh, "updated_at": at, "canary": canary,
-            "sites": sites, "active": _active_text(book),
+            "sites": sites, "active": _active_text(book), "selection": last_selection(work),
             "rollouts": [{**r, "line": rollout_line(r)} for r in book.get("rollouts", [])[-20:]]}
+
+
+def last_selection(work: Path) -> dict[str, Any] | None:
+    """The newest round's per-device selection reasons: the running ServerApp's progress, else the report."""
+    from .settings import PROGRESS_FILE, REPORT_FILE
+
+    try:
+        sel = json.loads((work / PROGRESS_FILE).read_text()).get("selection")
+        if isinstance(sel, dict):
+            return sel
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        history = json.loads((work / REPORT_FILE).read_text()).get("history") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    for h in reversed(history):
+        if isinstance(h, dict) and isinstance(h.get("selection"), dict):
+            return {"round": h.get("round"), **h["selection"]}
+    return None
 
 
 def status_cmd(args: argparse.Namespace) -> int:
@@ -300,6 +320,10 @@ def status_cmd(args: argparse.Namespace) -> int:
     for s in doc["sites"]:
         if s["reachable"] is False and s["error"]:
             print(f"  {s['name']}: {s['error']}")
+    if doc.get("selection"):
+        from .cli import selection_line
+
+        print(f"round {doc['selection'].get('round')} {selection_line(doc['selection'])}")
     print(f"rollouts ({doc['active']}):")
     for r in reversed(doc["rollouts"][-10:]):
         print(f"  {r['line']}")

@@ -83,7 +83,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 def pack(obj: Any) -> bytes:
     """msgpack with numpy arrays (dtype, shape, raw bytes): no pickle."""
-    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+    data: bytes = msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+    return data
 
 
 def unpack(data: bytes) -> Any:
@@ -172,7 +173,7 @@ class CheckpointStore:
         if not dirs:
             raise LocalViolation("a checkpoint store needs at least one directory")
         self.dirs = tuple(Path(d) for d in dirs)
-        if len(set(p.resolve() for p in self.dirs)) != len(self.dirs):
+        if len({p.resolve() for p in self.dirs}) != len(self.dirs):
             raise LocalViolation("checkpoint replicas must be distinct directories")
         self.policy = policy or CheckpointPolicy()
         self.quorum = self.policy.quorum_for(len(self.dirs))

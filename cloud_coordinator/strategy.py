@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import random
 import time
 import traceback
 from collections import Counter
@@ -52,6 +53,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.app.typing import MetricRecordValues
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -85,7 +87,14 @@ from .release import (
     write_release,
 )
 from .rounds import Wait, wait_decision
-from .selection import SelectionPolicy, explain, select_clients
+from .selection import (
+    SELECTED,
+    SelectionPolicy,
+    explain,
+    explain_devices,
+    policy_named,
+    select_clients,
+)
 from .settings import FATAL_FILE, PROGRESS_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
 from .store import Checkpoint, CheckpointStore, QuorumError, atomic_write
 from .supernodes import KeyBook, devices_of
@@ -149,6 +158,7 @@ class _Attempt:
     failure: str = ""
     answered: int = 0
     sites: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> its "site-*" metrics (two-level)
+    selection: dict[str, str] = field(default_factory=dict)     # device -> why it was (not) selected (summaries)
 
 
 class RobustStrategy(Strategy):
@@ -205,6 +215,8 @@ class RobustStrategy(Strategy):
         self.work_dir = Path(work_dir) if work_dir else None
         self.settings: Settings | None = None
         self._selection: tuple[Callable[[], list[FleetSummary]], SelectionPolicy] | None = None
+        self.selection_rule = ""  # settings: selection.RULES name, reported with every round's reasons
+        self._last_selection: dict[str, Any] | None = None  # the newest round's reasons (progress.json)
         self._aggregator = self._build_aggregator()  # bad rule names and options fail here, at once
         self._layout: Layout | None = None
         self._base: np.ndarray | None = None
@@ -258,18 +270,19 @@ class RobustStrategy(Strategy):
                                    s.release_every or self.release.every, self.release.input_shape)
         if s.supernodes:
             self.node_devices = KeyBook(s.supernodes).by_key_id()
+        policy = policy_named(s.selection, s.battery_floor)  # a bad name stops here, before any round
+        self.selection_rule = s.selection
         if s.sites:
             from .summaries import SiteKey, read_site_summaries
 
             keys = {name: SiteKey.from_json(d) for name, d in s.sites.items()}
-            self._selection = (lambda: read_site_summaries(keys), SelectionPolicy(battery_floor=s.battery_floor))
+            self._selection = (lambda: read_site_summaries(keys), policy)
         elif s.summaries_dir and s.fog_keys:
             from .summaries import read_summaries
 
             folder, fogs, sites = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
                                    dict(s.fog_sites))
-            self._selection = (lambda: read_summaries(folder, fogs, sites),
-                               SelectionPolicy(battery_floor=s.battery_floor))
+            self._selection = (lambda: read_summaries(folder, fogs, sites), policy)
         self._aggregator = self._build_aggregator()
 
     def summary(self) -> None:
@@ -309,10 +322,14 @@ class RobustStrategy(Strategy):
         fleet = read_fleet()
         if not fleet:
             return devices, {}
-        sel = select_clients(fleet, time.time(), policy, np.random.default_rng([self.seed, server_round]))
-        log.info("round %d selection: %s", server_round, explain(sel))
+        # seeded per round; random.Random: a numpy Generator has no sample() (a max_clients cap needs it)
+        sel = select_clients(fleet, time.time(), policy, random.Random(f"{self.seed}/{server_round}"))
+        log.info("round %d selection (%s): %s", server_round, self.selection_rule, explain(sel))
+        log.info("round %d selection by device: %s", server_round, explain_devices(sel))
+        self._last_selection = {"round": server_round, "rule": self.selection_rule, "summary": explain(sel),
+                                "devices": dict(sel.reasons)}
         # A device no fog reports on is not excluded: the summaries can only say who cannot afford a round.
-        unfit = {d: why for d, why in sel.reasons.items() if why != "selected"}
+        unfit = {d: why for d, why in sel.reasons.items() if why != SELECTED}
         return {n: d for n, d in devices.items() if d not in unfit}, unfit
 
     # ------------------------------------------------------------------ Flower API: training
@@ -338,6 +355,8 @@ class RobustStrategy(Strategy):
         devices, att.refused = self._node_map(grid)
         att.connected = sorted(devices.values())
         eligible, _ = self._eligible(server_round, devices)
+        att.selection = dict(self._last_selection["devices"]) if self._last_selection is not None and \
+            self._last_selection["round"] == server_round else {}
         nodes = sorted(eligible)
         k = min(len(nodes), max(math.ceil(self.fraction_train * len(nodes)), self.quorum))
         rng = np.random.default_rng([self.seed, server_round, number])
@@ -361,7 +380,8 @@ class RobustStrategy(Strategy):
             return self._dst_of.get(str(msg.metadata.reply_to_message_id), src)
         return src
 
-    def _read_reply(self, msg: Message, layout: Layout, seen: set[int]) -> tuple[int, str, list[np.ndarray], float] | str:
+    def _read_reply(self, msg: Message, layout: Layout,
+                    seen: set[int]) -> tuple[int, str, list[np.ndarray], float] | str:
         """(node, device, zero-copy views, example count) of a usable reply, or the reason it is not."""
         att = self._attempt
         node = self._origin(msg)
@@ -405,14 +425,14 @@ class RobustStrategy(Strategy):
             n_replies += 1
             try:
                 got = self._read_reply(msg, layout, seen)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a reply our reader chokes on is MALFORMED, not the round's end
                 log.warning("reply from node %s: %s: %s", getattr(msg.metadata, "src_node_id", "?"),
                             type(exc).__name__, exc)
                 got = MALFORMED
             if isinstance(got, str):
                 try:
                     node = self._origin(msg)
-                except Exception:
+                except (AttributeError, TypeError, ValueError):  # metadata without a usable node id
                     node = 0
                 who = (att.sent.get(int(node)) if att.sent else None) or f"node-{node}"
                 att.rejected[who if who not in att.rejected else f"{who}#{len(att.rejected)}"] = got
@@ -454,13 +474,13 @@ class RobustStrategy(Strategy):
         try:
             extra = (dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key))
                      if self.train_metrics_aggr_fn else _median_metrics(contents, self.weighted_by_key))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("train metrics aggregation failed: %s", exc)
             extra = {}
         return arrays, MetricRecord({**extra, **metrics})
 
-    def _round_metrics(self, att: _Attempt, usable: int, replies: int) -> dict[str, int]:
-        out: dict[str, int] = {"replies": replies, "usable": usable, "accepted": len(att.accepted),
+    def _round_metrics(self, att: _Attempt, usable: int, replies: int) -> dict[str, MetricRecordValues]:
+        out: dict[str, MetricRecordValues] = {"replies": replies, "usable": usable, "accepted": len(att.accepted),
                                "rejected": len(att.rejected), "attempt": att.number,
                                "refused-nodes": len(att.refused)}
         for why, n in Counter(reason_key(w) for w in att.rejected.values()).items():
@@ -494,14 +514,14 @@ class RobustStrategy(Strategy):
                     bad += 1
                     continue
                 ok.append(msg.content)
-            except Exception:
+            except (AttributeError, TypeError, ValueError):  # a reply without usable metadata or content
                 bad += 1
         if not ok:
             return None
         try:
             out = (dict(self.evaluate_metrics_aggr_fn(ok, self.weighted_by_key))
                    if self.evaluate_metrics_aggr_fn else _median_metrics(ok, self.weighted_by_key))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("evaluate metrics aggregation failed: %s", exc)
             out = {}
         return MetricRecord({**out, "replies": len(ok), "rejected": bad})
@@ -565,6 +585,8 @@ class RobustStrategy(Strategy):
             return
         doc = {"round": rnd, "attempt": attempt, "waiting": waiting, "connected": sorted(connected),
                "eligible": sorted(eligible), "at": time.time()}
+        if self._last_selection is not None:  # fogline status --coordinator: who trains, and why not
+            doc["selection"] = self._last_selection
         try:
             atomic_write(self.work_dir / PROGRESS_FILE, json.dumps(doc).encode())
         except OSError as exc:
@@ -762,6 +784,8 @@ class RobustStrategy(Strategy):
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
             att = self._attempt
             assert att is not None
+            if att.selection:  # report.json: every device, selected or why not (the fog's summaries)
+                entry["selection"] = {"rule": self.selection_rule, "devices": dict(att.selection)}
             connected = att.connected
             if len(msgs) < self.quorum:
                 att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} clients, "

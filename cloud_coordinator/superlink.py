@@ -28,11 +28,11 @@ Flower); the security test fails loudly if they change.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from runtime.guard import take_descendants_when_parent_dies
 
 __all__ = ["FLEET_ADDRESS_FLAG", "fleet_only", "fleet_paths", "main", "split_argv"]
 
@@ -99,38 +99,8 @@ async def _serve(inner: Any, outer: Any) -> None:
     await asyncio.gather(t_inner, t_outer, return_exceptions=True)
 
 
-def _die_with_parent_and_take_descendants(interval_s: float = 0.25) -> None:
-    """Watch the parent (the coordinator); when it is gone, kill -9 every descendant, then exit.
-
-    The kernel's parent-death signal would kill this process alone: the SuperExec and the
-    ServerApps it starts are Flower's children, not ours, and would run on holding the work
-    directory's lock. So this process is started without it and watches instead.
-    """
-    import threading
-
-    import psutil
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval_s)
-        try:
-            kids = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            kids = []
-        for k in kids:
-            try:
-                k.kill()
-            except psutil.Error:
-                pass
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
-    _die_with_parent_and_take_descendants()
+    take_descendants_when_parent_dies()  # the SuperExec and ServerApps are Flower's children
     import uvicorn
     from flwr.supercore.http_logging import get_uvicorn_log_config
     from flwr.supercore.logger import console_handler

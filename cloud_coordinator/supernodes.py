@@ -164,7 +164,7 @@ def devices_of(nodes: Iterable[tuple[int, bytes]],
     seen: dict[str, list[int]] = {}
     for node, dev in out.items():
         seen.setdefault(dev, []).append(node)
-    for dev, ids in seen.items():
+    for ids in seen.values():
         if len(ids) > 1:
             for node in ids:
                 refused[node] = DUPLICATE_DEVICE

@@ -50,9 +50,9 @@ def change_reason(prev: Snapshot, cur: Snapshot, policy: AdvertPolicy) -> str | 
         return "throttling changed"
     if (a.battery_level is None) != (b.battery_level is None):
         return "power source changed"
-    if a.battery_level is not None and b.battery_level is not None:
-        if a.battery_level - b.battery_level >= policy.battery_points - 1e-9:
-            return "battery dropped"
+    if (a.battery_level is not None and b.battery_level is not None
+            and a.battery_level - b.battery_level >= policy.battery_points - 1e-9):
+        return "battery dropped"
     if a.charging != b.charging:
         return "charging changed"
     if a.metered != b.metered:

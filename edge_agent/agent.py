@@ -135,7 +135,8 @@ def partition_flops(artifact: bytes) -> float | None:
     try:
         import warnings
 
-        from models.graph import analyze, load_model
+        from models.graph import load_model
+        from models.probe import analyze
         from models.profile import profile_model
 
         with warnings.catch_warnings():

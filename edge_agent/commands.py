@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from runtime.errors import SecurityError
 from runtime.messages import Deploy, Taint
-from runtime.security import ArtifactSignature, sha256_hex, verify_artifact
+from runtime.verify import ArtifactSignature, sha256_hex, verify_artifact
 
 __all__ = ["Verdict", "check_deploy", "expected_metadata", "parse_taints", "parse_labels",
            "NO_FOG_KEY", "HASH_MISMATCH", "BAD_ARTIFACT_SIGNATURE", "METADATA_MISMATCH",

@@ -90,7 +90,8 @@ def _sample_flops(artifact: bytes, feeds: dict[str, Any]) -> float | None:
     try:
         import warnings
 
-        from models.graph import analyze, load_model
+        from models.graph import load_model
+        from models.probe import analyze
         from models.profile import profile_model
 
         shapes = {n: [1, *v.shape[1:]] if v.ndim else [] for n, v in feeds.items()}
@@ -118,6 +119,7 @@ class Executor:
         self.topics = topics
         self._publish = publish
         self._sealer = sealer
+        self._seal_lock = threading.Lock()
         self.intra_op_threads = intra_op_threads
         self.workers = max(1, workers)
         self.slowdown = slowdown
@@ -207,7 +209,7 @@ class Executor:
                     session.run(None, feeds)
             try:
                 fig = self.measure_energy(batch, energy.batch_size(calib_s))
-            except Exception:
+            except Exception:  # noqa: BLE001 - a failing meter leaves the modelled figure
                 fig = None
             if fig is not None:
                 return fig.joules_per_inference, True
@@ -352,7 +354,9 @@ class Executor:
             log.warning("%s: request %s has an unusable reply_to %r", self.device_id, act.request_id,
                         act.reply_to[:80])
             return
-        self._publish(act.reply_to, self._sealer.result(result, time.time()))
+        with self._seal_lock:  # workers reply concurrently; the sealer's seq is not thread-safe
+            sealed = self._sealer.result(result, time.time())
+        self._publish(act.reply_to, sealed)
 
 
 def valid_reply_topic(topic: str, topics: Topics) -> bool:

@@ -73,7 +73,10 @@ def simulated_faults(msg: Message, context: Context, call_next: Callable[[Messag
     elif mode == "wrong-shape":
         arrays = [np.zeros((a.size + 1,), a.dtype) for a in honest]
     else:
-        arrays = apply_attack(mode, global_w, honest, int(msg.content["config"].get("server-round", 0)))
+        server_round = msg.content.config_records["config"].get("server-round", 0)
+        if isinstance(server_round, list):
+            raise TypeError(f"server-round is not a number: {server_round!r}")
+        arrays = apply_attack(mode, global_w, honest, int(server_round))
     content = RecordDict({key: ArrayRecord({n: Array(np.asarray(a).copy(order="C")) for n, a in zip(names, arrays)}),
                           "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=msg)

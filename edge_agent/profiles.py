@@ -66,56 +66,40 @@ schema_of(DeviceProfile)
 _WIFI_J_PER_BYTE = 4e-7
 _ETH_J_PER_BYTE = 4e-8
 
+_CUDA_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def _profile(name: str, arch: str, j_per_byte: float, *, link_bps: float, cuda: bool = False,
+             **figures: Any) -> DeviceProfile:
+    """A device model: its link is symmetric, its labels say its arch, accelerator and model
+    (``name``), and a CUDA board also offers TensorRT and CUDA to onnxruntime."""
+    gpu: dict[str, Any] = {"accelerators": ("cuda",), "providers": _CUDA_PROVIDERS} if cuda else {}
+    labels = {"arch": arch, "accelerator": "cuda" if cuda else "none", "device-model": name}
+    return DeviceProfile(name, uplink_bps=link_bps, downlink_bps=link_bps, tx_j_per_byte=j_per_byte,
+                         rx_j_per_byte=j_per_byte, labels=labels, **gpu, **figures)
+
+
 PROFILES: dict[str, DeviceProfile] = {
     p.name: p for p in (
-        DeviceProfile(
-            "pi4", flops=6e9, memory_bytes=3 * _GB, total_memory_bytes=4 * _GB,
-            uplink_bps=300e6, downlink_bps=300e6, rtt_s=0.002,
-            power_active_w=6.4, power_idle_w=2.7,
-            tx_j_per_byte=_ETH_J_PER_BYTE, rx_j_per_byte=_ETH_J_PER_BYTE, cpu_count=4,
-            labels={"arch": "arm64", "accelerator": "none", "device-model": "pi4"}),
-        DeviceProfile(
-            "pi5", flops=20e9, memory_bytes=7 * _GB, total_memory_bytes=8 * _GB,
-            uplink_bps=900e6, downlink_bps=900e6, rtt_s=0.001,
-            power_active_w=8.0, power_idle_w=2.9,
-            tx_j_per_byte=_ETH_J_PER_BYTE, rx_j_per_byte=_ETH_J_PER_BYTE, cpu_count=4,
-            labels={"arch": "arm64", "accelerator": "none", "device-model": "pi5"}),
-        DeviceProfile(
-            "orin-nano", flops=400e9, memory_bytes=6 * _GB, total_memory_bytes=8 * _GB,
-            uplink_bps=900e6, downlink_bps=900e6, rtt_s=0.001,
-            power_active_w=15.0, power_idle_w=5.0,
-            tx_j_per_byte=_ETH_J_PER_BYTE, rx_j_per_byte=_ETH_J_PER_BYTE, cpu_count=6,
-            accelerators=("cuda",),
-            providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
-            labels={"arch": "arm64", "accelerator": "cuda", "device-model": "orin-nano"}),
-        DeviceProfile(
-            "jetson-nano", flops=60e9, memory_bytes=3 * _GB, total_memory_bytes=4 * _GB,
-            uplink_bps=900e6, downlink_bps=900e6, rtt_s=0.001,
-            power_active_w=10.0, power_idle_w=1.5,
-            tx_j_per_byte=_ETH_J_PER_BYTE, rx_j_per_byte=_ETH_J_PER_BYTE, cpu_count=4,
-            accelerators=("cuda",),
-            providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
-            labels={"arch": "arm64", "accelerator": "cuda", "device-model": "jetson-nano"}),
-        DeviceProfile(
-            "x86-gateway", flops=80e9, memory_bytes=14 * _GB, total_memory_bytes=16 * _GB,
-            uplink_bps=1e9, downlink_bps=1e9, rtt_s=0.0005,
-            power_active_w=25.0, power_idle_w=6.0,
-            tx_j_per_byte=_ETH_J_PER_BYTE, rx_j_per_byte=_ETH_J_PER_BYTE, cpu_count=4,
-            labels={"arch": "amd64", "accelerator": "none", "device-model": "x86-gateway"}),
-        DeviceProfile(
-            "camera", flops=1e9, memory_bytes=200_000_000, total_memory_bytes=512_000_000,
-            uplink_bps=20e6, downlink_bps=20e6, rtt_s=0.005,
-            power_active_w=2.5, power_idle_w=1.2,
-            tx_j_per_byte=_WIFI_J_PER_BYTE, rx_j_per_byte=_WIFI_J_PER_BYTE,
-            battery_capacity_wh=20.0, cpu_count=2,
-            labels={"arch": "arm", "accelerator": "none", "device-model": "camera"}),
-        DeviceProfile(
-            "laptop", flops=150e9, memory_bytes=12 * _GB, total_memory_bytes=16 * _GB,
-            uplink_bps=300e6, downlink_bps=300e6, rtt_s=0.003,
-            power_active_w=35.0, power_idle_w=8.0,
-            tx_j_per_byte=_WIFI_J_PER_BYTE, rx_j_per_byte=_WIFI_J_PER_BYTE,
-            battery_capacity_wh=55.0, cpu_count=8,
-            labels={"arch": "amd64", "accelerator": "none", "device-model": "laptop"}),
+        _profile("pi4", "arm64", _ETH_J_PER_BYTE, flops=6e9, memory_bytes=3 * _GB, total_memory_bytes=4 * _GB,
+                 link_bps=300e6, rtt_s=0.002, power_active_w=6.4, power_idle_w=2.7, cpu_count=4),
+        _profile("pi5", "arm64", _ETH_J_PER_BYTE, flops=20e9, memory_bytes=7 * _GB, total_memory_bytes=8 * _GB,
+                 link_bps=900e6, rtt_s=0.001, power_active_w=8.0, power_idle_w=2.9, cpu_count=4),
+        _profile("orin-nano", "arm64", _ETH_J_PER_BYTE, cuda=True, flops=400e9, memory_bytes=6 * _GB,
+                 total_memory_bytes=8 * _GB, link_bps=900e6, rtt_s=0.001, power_active_w=15.0,
+                 power_idle_w=5.0, cpu_count=6),
+        _profile("jetson-nano", "arm64", _ETH_J_PER_BYTE, cuda=True, flops=60e9, memory_bytes=3 * _GB,
+                 total_memory_bytes=4 * _GB, link_bps=900e6, rtt_s=0.001, power_active_w=10.0,
+                 power_idle_w=1.5, cpu_count=4),
+        _profile("x86-gateway", "amd64", _ETH_J_PER_BYTE, flops=80e9, memory_bytes=14 * _GB,
+                 total_memory_bytes=16 * _GB, link_bps=1e9, rtt_s=0.0005, power_active_w=25.0,
+                 power_idle_w=6.0, cpu_count=4),
+        _profile("camera", "arm", _WIFI_J_PER_BYTE, flops=1e9, memory_bytes=200_000_000,
+                 total_memory_bytes=512_000_000, link_bps=20e6, rtt_s=0.005, power_active_w=2.5,
+                 power_idle_w=1.2, battery_capacity_wh=20.0, cpu_count=2),
+        _profile("laptop", "amd64", _WIFI_J_PER_BYTE, flops=150e9, memory_bytes=12 * _GB,
+                 total_memory_bytes=16 * _GB, link_bps=300e6, rtt_s=0.003, power_active_w=35.0,
+                 power_idle_w=8.0, battery_capacity_wh=55.0, cpu_count=8),
     )
 }
 

@@ -3,8 +3,9 @@
 Each worker process owns a stateless ``runtime.security.Verifier`` over an
 in-memory copy of the trust store: it checks signatures and decodes payloads,
 nothing else. The parent sends batches ``[("enroll", name, key) | ("verify",
-payload) | ("mac", payload, device, epoch, key)]`` and gets back, per ``verify`` or ``mac``, ``("ok", envelope-without-payload,
-message)`` or ``("rejected", reason, detail)``; messages come back pickled
+payload) | ("mac", payload, device, epoch, key)]`` and gets back, per ``verify``
+or ``mac``, ``("ok", envelope-without-payload, message)`` or ``("rejected",
+reason, detail)``; messages come back pickled
 (trusted: our own child), so the parent does not decode twice. Everything
 stateful stays in the parent's shard thread, in arrival order: the timestamp
 window and the per-device (epoch, seq) replay window (``Verifier.admit``), and

@@ -102,7 +102,8 @@ class ArtifactBuilder:
                 p.unlink(missing_ok=True)
                 with self._lock:
                     self._models.pop(ref, None)
-                    for cache in (self._analyses, self._profiles, self._splits):
+                    caches: tuple[dict[Any, Any], ...] = (self._analyses, self._profiles, self._splits)
+                    for cache in caches:  # keyed (ref, ...) each
                         for k in [k for k in cache if k[0] == ref]:
                             del cache[k]
                 gone += 1
@@ -140,7 +141,8 @@ class ArtifactBuilder:
         key = (ref, shapes)
         ga = self._analyses.get(key)
         if ga is None:
-            from models.graph import analyze, serving_dims
+            from models.graph import serving_dims
+            from models.probe import analyze
             model = self._load(ref)
             given = dict(shapes)
             try:
@@ -220,10 +222,11 @@ class ArtifactBuilder:
 def _check_onnx(data: bytes) -> None:
     """Structural check of an uploaded model (parse + onnx.checker), before it is stored."""
     import onnx
+    from google.protobuf.message import DecodeError
 
     try:
         model = onnx.load_model_from_string(data)
-    except Exception as exc:
+    except (DecodeError, ValueError, RuntimeError) as exc:  # as models.graph's loader
         raise RemoteViolation(f"uploaded file is not a valid ONNX model: {_first_line(exc)}") from None
     _refuse_external(model)
     try:
@@ -256,7 +259,8 @@ def model_profile(model: Any, max_segments: int = MAX_SEGMENTS, input_shapes: An
     sit at its tail, which would leave one partition with nearly all the work.
     """
     from models.cuts import chain_profile
-    from models.graph import GraphAnalysis, analyze, load_model, serving_dims
+    from models.graph import GraphAnalysis, load_model, serving_dims
+    from models.probe import analyze
 
     if not isinstance(model, GraphAnalysis):
         given = dict(input_shapes or {})

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the fog broker's commands to the ``fogline`` parser."""
     _add_place(subparsers)
     __import__("fog_broker.service_cli", fromlist=["register_service"]).register_service(subparsers)
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 # --- place ----------------------------------------------------------------------------------
 
 
-def _add_place(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_place(subparsers: argparse._SubParsersAction) -> None:
     from runtime import cliargs as ca
 
     p = subparsers.add_parser(
@@ -59,7 +59,8 @@ def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]]
     try:
         from models.cuts import DEFAULT_SEGMENTS, chain_profile
         from models.errors import ModelError
-        from models.graph import analyze, load_model, serving_dims
+        from models.graph import load_model, serving_dims
+        from models.probe import analyze
     except ImportError:
         return tuple(workloads)  # model workloads stay pending with a "model" reason
     loaded: dict[str, Any] = {}

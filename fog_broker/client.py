@@ -282,7 +282,7 @@ class FogClient:
                     last = w
                     want = replicas if replicas is not None else w["replicas"]
                     if w["healthy_replicas"] >= want:
-                        return w
+                        return last
             time.sleep(0.1)
         raise TimeoutError(f"workload {name} not running after {timeout:g} s: {last}")
 

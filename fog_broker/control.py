@@ -39,7 +39,8 @@ from .trust import deploy_ref_allowed, may_control
 if TYPE_CHECKING:
     from .shell import FogShell as FogService
 
-__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "claimed_sender", "json_default", "refusal_id"]
+__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "claimed_sender", "json_default", "misaddressed",
+           "refusal_id"]
 
 MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
 # Per identity: a client polling status (`wait_running`: ~10/s), the site page and a deploy script
@@ -50,6 +51,16 @@ _STRANGER = "?"  # the one budget of every name the fog did not issue
 _SENDER_KEYS = frozenset(bytes([0x80 + n]) + b"\xa6sender" for n in range(1, 16))  # fixmap, "sender"
 
 log = logging.getLogger("fog_broker.control")
+
+
+def misaddressed(request: Any, kind: type[Any], own_reply_topic: str) -> str | None:
+    """Why a verified request is not answered (a ``rejected:`` counter's reason), or None: it must
+    be a ``kind`` and ask for its answer on its sender's own reply topic, never someone else's."""
+    if not isinstance(request, kind):
+        return "wrong kind"
+    if request.reply_to != own_reply_topic:
+        return "reply_to"
+    return None
 
 
 def claimed_sender(frame: bytes) -> str:
@@ -176,12 +187,10 @@ class ControlPlane:
         inner = self.open_request(env)
         if inner is None:
             return
-        if not isinstance(inner, ControlRequest):
-            self.counters["rejected:wrong kind"] += 1
-            return
-        if inner.reply_to != svc.topics.reply(env.sender):
-            self.counters["rejected:reply_to"] += 1
-            log.warning("control request from %s names another reply topic; refused", env.sender)
+        why = misaddressed(inner, ControlRequest, svc.topics.reply(env.sender))
+        if why is not None:
+            self.counters[f"rejected:{why}"] += 1
+            log.warning("control request from %s refused: %s", env.sender, why)
             return
         role = self.roles.get(env.sender, "")
         try:

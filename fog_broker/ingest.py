@@ -271,7 +271,7 @@ class Ingest:
             return
         shard.counters[f"rejected:{reason}"] += 1
         log.debug("rejected %s: %s", m.topic, detail)
-        if reason == NO_SESSION and pt.leaf != BIRTH or reason == OUTSIDE_WINDOW:
+        if (reason == NO_SESSION and pt.leaf != BIRTH) or reason == OUTSIDE_WINDOW:
             # an enrolled device we lost the session of, or whose clock is off (it corrects it from
             # our time hints): ask for a fresh birth, rate-limited by the registry and the service
             out.append(("rebirth", pt.name, m.received_at))

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .http_api import HttpApi
     from .shell import FogShell as FogService
 
-__all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "exposition", "families", "register_http", "render", "scrape_families", "snapshot"]
+__all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "exposition", "families", "register_http",
+           "render", "scrape_families", "snapshot"]
 
 PREFIX = "fogline_fog"
 RECOVERY_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -105,7 +106,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "releases": ("counter", (), "Model releases accepted from a pinned coordinator"),
     "release_refusals": ("counter", ("reason",), "Model releases refused, by reason"),
     "state_reasserted": ("counter", (), "Times something else published on the fog's retained STATE"),
-    "errors": ("counter", ("kind",), "Inputs dropped on an error: remote (bad input), internal (owner loop bug), ingest (verify batch lost)"),
+    "errors": ("counter", ("kind",), "Inputs dropped on an error: remote (bad input), internal (owner loop bug), "
+                                     "ingest (verify batch lost)"),
     "events": ("counter", ("counter",), "Any other counter of the fog, by its name in `fogline status`"),
 }
 
@@ -388,7 +390,7 @@ class _Fixed:
 def exposition(fams: list[Metric], accept: str | None = None) -> tuple[bytes, str]:
     """``(body, content_type)`` of these families: the text format, or OpenMetrics when ``accept`` asks."""
     encoder, content_type = choose_encoder(accept or "")
-    return encoder(_Fixed(fams)), content_type  # type: ignore[arg-type]
+    return encoder(_Fixed(fams)), content_type
 
 
 class FogCollector:

@@ -13,7 +13,6 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Union
 
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
@@ -72,7 +71,7 @@ class ReplyClient:
     result: InferenceResult
 
 
-Command = Union[SendActivation, ReplyClient]
+Command = SendActivation | ReplyClient
 
 
 @dataclass(slots=True)
@@ -105,7 +104,6 @@ class Router:
         self.wires: dict[tuple[str, int, int], tuple[str, ...]] = {}
         self.wire_reports: dict[tuple[str, int, int], dict[str, object]] = {}
         self._answered_at: dict[str, deque[float]] = {}  # workload -> last answers (monotonic)
-        self._wall_offset = 0.0  # wall - monotonic, as of the last call that knew the wall clock
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -239,12 +237,8 @@ class Router:
         return [self._error(p.request, "; ".join(p.errors), "timeout" if timed_out else "failed")]
 
     def _send(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
-        # A caller without the wall clock (wall 0: a loss heard in an advert) must still issue a
-        # ticket deadline the devices accept: take it from the last call that knew it.
-        if wall > 0:
-            self._wall_offset = wall - now
-        else:
-            wall = now + self._wall_offset
+        # ``wall`` is always the fog's wall clock: ``SiteCore`` supplies it, also for a loss heard
+        # in an advert (from the offset its last tick saw).
         chain = chains[0]
         p.chain = chain
         p.attempt += 1

@@ -58,7 +58,7 @@ from runtime.topics import ACK, BIRTH, DEATH, STATE, Topics
 
 from . import wires
 from .artifacts import ArtifactBuilder
-from .control import MAX_REQUEST_BYTES, ControlPlane
+from .control import MAX_REQUEST_BYTES, ControlPlane, misaddressed
 from .controller import ControllerConfig, DeployPartition, Persist, UndeployPartition
 from .ingest import DEVICE_SHARE, Ingest
 from .placement.model import Quota
@@ -101,10 +101,11 @@ MAX_ADVERT_BYTES = 64 * 1024
 def default_schedule() -> Callable[..., Any]:
     """The placement scheduler (``fog_broker.placement.schedule``)."""
     from . import placement
-    fn = getattr(placement, "schedule", None)
+    fn: Callable[..., Any] | None = getattr(placement, "schedule", None)
     if fn is None:
-        from .placement.scheduler import schedule as fn
-    return fn  # type: ignore[no-any-return]
+        from .placement.scheduler import schedule
+        fn = schedule
+    return fn
 
 
 @dataclass
@@ -550,7 +551,7 @@ class FogService:
         entry = self.controller.workloads.get(cmd.workload)
         if entry is None or entry.spec.model is None or entry.spec.profile is None:
             return
-        memory = int(math.ceil(entry.spec.profile.memory_of(cmd.first, cmd.last)))
+        memory = math.ceil(entry.spec.profile.memory_of(cmd.first, cmd.last))
         self._builds.put((cmd, entry.spec.model, memory, entry.spec.input_shapes))
         job = wires.deploy_job(cmd, entry.spec, self.controller.assignments_of(cmd.workload),
                                self.artifacts, self._put)  # each cut's wire (issue 21)
@@ -656,11 +657,9 @@ class FogService:
         req = self.control.open_request(env, "infer")
         if req is None:
             return
-        if not isinstance(req, InferenceRequest):
-            self.counters["rejected:wrong kind"] += 1
-            return
-        if req.reply_to != self.topics.reply(env.sender):
-            self.counters["rejected:reply_to"] += 1
+        why = misaddressed(req, InferenceRequest, self.topics.reply(env.sender))
+        if why is not None:
+            self.counters[f"rejected:{why}"] += 1
             return
         self.submit_inference(req, at)
 

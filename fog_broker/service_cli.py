@@ -387,6 +387,20 @@ def _fmt_bytes(n: Any) -> str:
     return str(n)
 
 
+def _stage_lines(rep: dict[str, Any]) -> list[str]:
+    """A chain's pipeline stages: predicted / measured time, bytes per frame on each link."""
+    if not rep.get("stages"):
+        return []
+    out = [f"      stages (predicted / measured; bottleneck {rep.get('bottleneck')}"
+           + (f", measured {rep['measured_bottleneck']}" if rep.get("measured_bottleneck") else "")
+           + "):"]
+    for s in rep["stages"]:
+        meas = "-" if s["measured_s"] is None else f"{s['measured_s'] * 1000:.1f} ms"
+        nbytes = f"  {_fmt_bytes(s['bytes_per_frame'])}/frame" if "bytes_per_frame" in s else ""
+        out.append(f"        {s['stage']:<28} {s['predicted_s'] * 1000:9.1f} ms / {meas:>10}{nbytes}")
+    return out
+
+
 def render_status(st: dict[str, Any]) -> str:
     """``kubectl describe``-style text of a status document."""
     lines = [f"Fog broker:   {st['fog_id']} (site {st['site']}, epoch {st['epoch']}, "
@@ -397,7 +411,8 @@ def render_status(st: dict[str, Any]) -> str:
                  f"{m['devices_suspect']}, dead {m['devices_dead']}")
     if st.get("quotas"):
         lines.append("Quotas:       " + ", ".join(f"{t}: {_fmt_bytes(b)}" for t, b in st["quotas"].items()))
-    lines.append(f"Security:     {'TLS, client certificates, ACL' if st.get('secure', True) else 'INSECURE (plain MQTT)'}")
+    secure = st.get("secure", True)
+    lines.append(f"Security:     {'TLS, client certificates, ACL' if secure else 'INSECURE (plain MQTT)'}")
     enrol = st.get("enrolment") or {}
     if enrol.get("pending"):
         lines.append(f"Enrolment:    pending approval: {', '.join(enrol['pending'])} "
@@ -420,6 +435,8 @@ def render_status(st: dict[str, Any]) -> str:
             notes.append(f"rejected: {d['rejected']}")
         if d.get("set_aside"):
             notes.append(f"set aside: {d['set_aside']}")
+        if d.get("slow"):
+            notes.append(f"slow: {d['slow']}")
         lines.append(f"  {d['id']:<20} {d['status']:<8} {_fmt_bytes(d['free_memory_bytes']):>10} "
                      f"{_fmt_bytes(d['memory_bytes']):>10} {batt:>8}  {', '.join(d['partitions']) or '-'}"
                      + (f"  [{'; '.join(notes)}]" if notes else ""))
@@ -437,12 +454,14 @@ def render_status(st: dict[str, Any]) -> str:
                 extra = f"  [{p['reason']}]" if p["reason"] else ""
                 lines.append(f"      p{p['index']} segments {p['segments'][0]}-{p['segments'][1]} on "
                              f"{p['device']:<16} {p['phase']}{extra}")
+            lines.extend(_stage_lines(rep))
         sw = w.get("switch")
         if sw:
             counts: dict[str, int] = {}
             for p in sw["old_partitions"]:
                 counts[p["state"]] = counts.get(p["state"], 0) + 1
-            lines.append(f"    switching v{sw['from_version']} -> v{sw['to_version']} ({sw['mode']}, make-before-break): "
+            lines.append(f"    switching v{sw['from_version']} -> v{sw['to_version']} "
+                         f"({sw['mode']}, make-before-break): "
                          f"serving v{', v'.join(str(v) for v in sw['serving_versions']) or ' none'}; old partitions "
                          + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                          + (f"; {sw['reason']}" if sw.get("reason") else ""))
@@ -450,6 +469,11 @@ def render_status(st: dict[str, Any]) -> str:
         if lat.get("predicted_s") is not None and lat.get("measured_p50_s"):
             lines.append(f"    latency: predicted {lat['predicted_s'] * 1000:.2f} ms, measured p50 "
                          f"{lat['measured_p50_s'] * 1000:.2f} ms (error {lat['error']:+.0%})")
+        thr = w.get("throughput") or {}
+        if thr.get("predicted_fps") is not None and any(r.get("stages") for r in w["placement"]):
+            meas = thr.get("measured_fps")
+            lines.append(f"    frames/s: predicted {thr['predicted_fps']:.2f}, measured "
+                         + ("-" if meas is None else f"{meas:.2f}"))
         if w["reasons"]:
             lines.append("    Pending because:")
             for k, v in w["reasons"].items():

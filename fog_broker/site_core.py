@@ -5,7 +5,9 @@ controller (what runs where), the router (requests in flight), the calibration
 book (measured segment times) and the rebirth budget — and owns the glue
 between them that used to live in the process shell: a lost device is re-placed
 at once and its requests fail over, a join or a changed partition set marks the
-plan dirty, a state that carries load timings updates the workload's costs.
+plan dirty, a state that carries load timings updates the workload's costs, and a
+stage whose measured time stays far above the plan's sets its device aside so the
+stage is re-placed (``slow_stages``).
 
 The fog broker's ``FogService`` feeds it verified events from MQTT, HTTP and its
 timers and carries out what it returns; the discrete-event simulation drives the
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime.messages import (
@@ -49,6 +51,7 @@ from .registry import (
     ThrottleChanged,
 )
 from .router import ReplyClient, Router, SendActivation
+from .slow_stages import SlowStageConfig, SlowStages, StageSample, planned_stage_s
 
 __all__ = [
     "SiteCoreConfig", "SiteCore", "SiteView",
@@ -197,6 +200,7 @@ class SiteCoreConfig:
     max_rebirths_per_s: float = 200.0    # all devices together: a flood cannot make the fog a flood
     reply_topic: str = ""                # the fog's own reply topic (the router's hop answers)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    slow_stages: SlowStageConfig = field(default_factory=SlowStageConfig)
 
 
 class SiteView:
@@ -230,6 +234,11 @@ class SiteView:
     def flags(self) -> Mapping[str, tuple[str, ...]]:
         return self._core.flags
 
+    @property
+    def slow(self) -> Mapping[str, str]:
+        """Devices set aside for a stage slower than the plan -> why."""
+        return self._core.slow_stages.set_aside
+
     def chains(self, workload: str) -> list[Any]:
         return self._core.controller.chains(workload)
 
@@ -245,6 +254,7 @@ class SiteCore:
         self.controller = Controller(schedule, c.controller, command_prefix=command_prefix)
         self.router = Router(c.reply_topic)
         self.calibration = CalibrationBook()
+        self.slow_stages = SlowStages(c.slow_stages)  # devices set aside for a stage slower than the plan
         self.counters: Counter[str] = Counter()
         self.flags: dict[str, tuple[str, ...]] = {}  # device -> implausible claims in its birth
         self._rebirths = RateLimit(c.max_rebirths_per_s, c.max_rebirths_per_s)
@@ -297,6 +307,7 @@ class SiteCore:
         elif isinstance(event, DeviceRemoved):
             self.flags.pop(event.device_id, None)
             self._partitions_seen.pop(event.device_id, None)
+            self.slow_stages.forget(event.device_id)
             self._registry(self.registry.remove(event.device_id, now, event.reason), now, out, wall)
         elif isinstance(event, SetWorkload):
             out += self.controller.set_workload(event.spec, event.version)
@@ -327,6 +338,10 @@ class SiteCore:
         for took in rec[self._recoveries_seen:]:
             out.append(SiteEvent("recovered", "", f"a lost partition runs again {took * 1000:.0f} ms after its loss"))
         self._recoveries_seen = len(rec)
+        for dev in self.slow_stages.tick(now):  # its hold ended: it may take partitions again
+            out.append(SiteEvent("device usable again", dev, "set aside for a slow stage; the hold ended"))
+            self.controller.device_joined(dev)
+            self.dirty = True
         out += self.liveness(now, wall)
         if self.dirty or now - self._last_reconcile >= self.config.reconcile_interval_s \
                 or self.controller.next_deadline() <= now:
@@ -353,6 +368,9 @@ class SiteCore:
             reported = self.registry.reported()
         if fleet is None:
             fleet = self.registry.fleet(self.controller.reserved(reported))
+        aside = self.slow_stages.set_aside
+        if aside:  # the scheduler's NotThrottled keeps them empty: what they run is re-placed
+            fleet = Fleet(tuple(replace(d, throttled=True) if d.id in aside else d for d in fleet.devices))
         return list(self.controller.reconcile(fleet, reported, now))
 
     # ------------------------------------------------------------ rules between the cores
@@ -366,6 +384,7 @@ class SiteCore:
                 self._partitions_seen[msg.device_id] = parts
                 self.dirty = True
                 self._calibrate(msg)
+            self._check_stages(msg, now, out)
 
     def _registry(self, cmds: Sequence[Any], now: float, out: list[Command], wall: float) -> None:
         for cmd in cmds:
@@ -380,6 +399,7 @@ class SiteCore:
                 out.append(SiteEvent("device lost", cmd.device_id, cmd.reason))
                 self.controller.device_lost(cmd.device_id, now)
                 self._partitions_seen.pop(cmd.device_id, None)
+                self.slow_stages.lost(cmd.device_id)
                 out += self.reconcile(now)  # re-place at once: detection -> deploy without waiting a tick
                 out += self.router.device_lost(cmd.device_id, self._chains_in_flight(), now, wall)
             elif isinstance(cmd, DeviceJoined):
@@ -418,6 +438,29 @@ class SiteCore:
                 continue
             self.controller.update_costs(p.workload, entry.spec.profile.with_times({cls: times}))
             self.counters["calibrations_applied"] += 1
+
+    def _check_stages(self, st: DeviceState, now: float, out: list[Command]) -> None:
+        """Each running stage's measured p50 against the plan's time: a device whose stage stays
+        slow (throttling the board did not report) is set aside and the plan runs again."""
+        rec = self.registry.get(st.device_id)
+        labels = dict(rec.birth.labels) if rec is not None and rec.birth is not None else {}
+        samples = []
+        for p in st.partitions:
+            key = (p.workload, p.version, p.replica, p.index)
+            entry = self.controller.workloads.get(p.workload)
+            a = self.controller.assignments.get(key)
+            if (p.health != "running" or entry is None or entry.spec.profile is None or a is None
+                    or a.device != st.device_id):
+                continue
+            planned = planned_stage_s(dict(entry.spec.profile.segment_times), st.device_id,
+                                      device_class(st.device_id, labels), a.first, a.last, p.calib_s)
+            samples.append(StageSample(key, p.served, p.p50_s, planned))
+        verdict = self.slow_stages.observe(st.device_id, samples, now)
+        if verdict is not None:
+            self.counters["stages_slow"] += 1
+            out.append(SiteEvent("stage slow", verdict.device, verdict.reason))
+            self.controller.request_plan()  # it takes no partition now: move what it runs
+            self.dirty = True
 
     def _chains_in_flight(self) -> dict[str, Any]:
         return {w: self.controller.chains(w) for w in self.router.workloads_in_flight()}

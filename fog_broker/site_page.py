@@ -136,16 +136,21 @@ def page_data(status: Mapping[str, Any]) -> dict[str, Any]:
                 hops.append((part, dev))
             chains.append({"replica": r, "hops": [{"part": pt["id"], "device": dev, "index": pt["index"]}
                                                     for pt, dev in hops],
-                           "healthy": False, "latency_s": rep.get("latency_s")})
+                           "healthy": False, "latency_s": rep.get("latency_s"),
+                           # pipeline stages: predicted vs measured s, bytes per frame on links
+                           "stages": list(rep.get("stages") or ()),
+                           "bottleneck": rep.get("bottleneck")})
         reasons = [{"gate": str(k), "text": str(v)} for k, v in sorted((w.get("reasons") or {}).items())]
         pending.extend({"workload": name, **r} for r in reasons)
         lat = w.get("latency") or {}
+        thr = w.get("throughput") or {}
         workloads.append({
             "name": name, "colour": colour, "status": str(w.get("status", "")), "version": versions[name],
             "model": w.get("model"), "tenant": w.get("tenant"), "priority": w.get("priority"),
             "replicas": w.get("replicas"), "healthy_replicas": w.get("healthy_replicas"),
             "reasons": reasons, "chains": chains, "evicted": bool(w.get("evicted")),
             "predicted_s": lat.get("predicted_s"), "measured_p50_s": lat.get("measured_p50_s"),
+            "predicted_fps": thr.get("predicted_fps"), "measured_fps": thr.get("measured_fps"),
         })
     # What devices report running beyond the placement: the placed ones gain their reported health,
     # the rest (an old version, a partition being undeployed) are shown as orphans.

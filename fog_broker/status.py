@@ -40,8 +40,57 @@ def _device_row(svc: FogService, did: str, now: float) -> dict[str, Any]:
         # an advert of this device failed validation ("DeviceBirth.rtt_s=-1.0"): it holds nothing
         "rejected": rec.rejected or None,
         "set_aside": rec.set_aside or None,  # its record failed conversion: left out of placement
+        # a stage it ran stayed slower than the plan (measured p50s): it takes no partition for a while
+        "slow": svc.core.slow_stages.reason_of(did),
         "partitions": [f"{p.workload}/v{p.version}/r{p.replica}/p{p.index}:{p.health}" for p in rec.partitions()],
     }
+
+
+def _stages(svc: FogService, name: str, version: int, replica: int,
+            parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chain's pipeline stages in order (``placement.cost.stage_times``): each partition's
+    compute, predicted on its device and measured (the p50 its device reports), and each link a
+    frame crosses with the bytes per frame on its wire and the serialisation time predicted.
+    Links are not timed on their own; a frame's time on them is in the end-to-end latency."""
+    from .placement.cost import link_time
+
+    e = svc.controller.workloads[name]
+    prof = e.spec.profile
+    if prof is None or not parts:
+        return []
+    devs = {d.id: d for d in svc.registry.fleet().devices}
+    ids = [str(p["device"]) for p in sorted(parts, key=lambda p: p["index"])]
+    if any(i not in devs for i in (e.spec.source, e.spec.sink, *ids)):
+        return []
+    report: dict[str, Any] = dict(svc.router.wire_reports.get((name, version, replica)) or {})
+    cuts = {int(c["cut"]): int(c["wire_bytes"]) for c in report.get("cuts") or ()}
+    spans = [tuple(p["segments"]) for p in sorted(parts, key=lambda p: p["index"])]
+    out: list[dict[str, Any]] = []
+    prev, nbytes = e.spec.source, float(prof.input_bytes)
+    for k, (dev, (first, last)) in enumerate(zip(ids, spans)):
+        if prev != dev:
+            out.append({"stage": f"link {prev}->{dev}", "bytes_per_frame": int(nbytes),
+                        "predicted_s": link_time(nbytes, devs[prev], devs[dev]), "measured_s": None})
+        rec = svc.registry.devices.get(dev)
+        ps = next((x for x in (rec.partitions() if rec is not None else ()) if
+                   (x.workload, x.version, x.replica, x.index) == (name, version, replica, k)), None)
+        out.append({"stage": f"compute {dev}",
+                    "predicted_s": prof.compute_s(int(first), int(last), devs[dev]),
+                    "measured_s": ps.p50_s if ps is not None and ps.served else None})
+        # what crosses the cut: the bytes the fog's calibration measured on the chosen wire,
+        # else what the scheduler charged (the profile's, on the expected wire)
+        nbytes = float(cuts.get(k, prof.cut_bytes(int(last))))
+        prev = dev
+    if prev != e.spec.sink:
+        out.append({"stage": f"link {prev}->{e.spec.sink}", "bytes_per_frame": int(nbytes),
+                    "predicted_s": link_time(nbytes, devs[prev], devs[e.spec.sink]),
+                    "measured_s": None})
+    return out
+
+
+def _bottleneck(stages: list[dict[str, Any]], key: str) -> str | None:
+    timed = [s for s in stages if s[key] is not None]
+    return max(timed, key=lambda s: s[key])["stage"] if timed else None
 
 
 def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, Any]:
@@ -53,6 +102,11 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
             "index": a.index, "segments": [a.first, a.last], "device": a.device,
             "phase": a.phase.value, "attempts": a.attempts, "reason": a.reason or None})
     costs = dict(enumerate(e.replicas))
+    stages = {r: _stages(svc, name, e.version, r, parts) for r, parts in reps.items()}
+    # frames/s predicted on the wires in use (the scheduler's figure until the stages are known)
+    top = max((s["predicted_s"] for s in stages.get(0, ())), default=0.0)
+    pred_fps = 1.0 / top if top > 0 else (
+        1.0 / e.replicas[0].bottleneck_s if e.replicas and e.replicas[0].bottleneck_s else None)
     predicted = min((r.latency_s for r in e.replicas if r.latency_s is not None), default=None)
     measured = svc.router.measured_p50(name)
     return {
@@ -69,15 +123,18 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
                        "energy_j": costs[r].energy_j if r in costs else None,
                        # throughput workloads: the slowest stage; each cut's wire (issue 21)
                        "bottleneck_s": costs[r].bottleneck_s or None if r in costs else None,
-                       "activations": svc.router.wire_reports.get((name, e.version, r))}
+                       "activations": svc.router.wire_reports.get((name, e.version, r)),
+                       # each stage predicted against measured, and the slowest of each
+                       "stages": stages[r], "bottleneck": _bottleneck(stages[r], "predicted_s"),
+                       "measured_bottleneck": _bottleneck(stages[r], "measured_s")}
                       for r, parts in sorted(reps.items())],
-        "throughput": {"predicted_fps": 1.0 / e.replicas[0].bottleneck_s
-                       if e.replicas and e.replicas[0].bottleneck_s else None,
+        "throughput": {"predicted_fps": pred_fps,
                        "measured_fps": svc.router.measured_fps(name, time.monotonic())},
         "reasons": dict(e.reasons), "evicted": name in c.evicted,
         # the plan's end-to-end latency (cost model, best replica) against what requests took
         "latency": {"predicted_s": predicted, "measured_p50_s": measured,
-                    "error": None if predicted is None or not measured else round((predicted - measured) / measured, 4)},
+                    "error": None if predicted is None or not measured
+                    else round((predicted - measured) / measured, 4)},
     }
 
 

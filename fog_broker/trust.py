@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from runtime.errors import RemoteViolation
 from runtime.ids import id_problem
@@ -217,7 +217,7 @@ def bound_birth(birth: DeviceBirth, limits: BirthLimits = BirthLimits()) -> tupl
     capacity beyond any real device is clamped and flagged (``fogline status`` shows the flags).
     """
     flags: list[str] = []
-    changes: dict[str, float | int] = {}
+    changes: dict[str, Any] = {}  # field -> clamped value, of that field's own type (float or int)
 
     def clamp(field: str, value: float, hi: float, lo: float = 0.0) -> None:
         if not math.isfinite(value) or value > hi or value < lo:

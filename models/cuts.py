@@ -8,6 +8,7 @@ constants never cross a cut: each partition keeps its own copy.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -17,6 +18,7 @@ import numpy as np
 from models.errors import ModelError
 from models.graph import GraphAnalysis, ModelSource, analyze
 from models.profile import ModelProfile, cross_bytes, profile_model
+from runtime.chain_profile import segment_dict
 
 __all__ = [
     "ChainProfile",
@@ -138,8 +140,7 @@ class Segment:
     end: int
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "flops": self.flops, "param_bytes": self.param_bytes,
-                "activation_bytes": self.activation_bytes, "out_bytes": self.out_bytes}
+        return segment_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +278,7 @@ def chain_profile(src: ModelSource, max_segments: int = DEFAULT_SEGMENTS, *,
         points = _select(prof, cross, max_segments, strategy, cut_points(ga))
     bounds = [0, *points, len(ga.nodes)]
     segments = []
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         nodes = prof.nodes[a:b]
         segments.append(Segment(
             name=f"s{s}",

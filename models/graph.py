@@ -3,17 +3,19 @@
 Everything downstream (profile, cuts, partitions) works on a ``GraphAnalysis`` so
 that a model is parsed, checked and sized exactly once. Inputs get fixed shapes
 (``dims``, ``input_shapes``); activations are sized by static shape inference
-where it is exact, and otherwise by one onnxruntime run (``models.probe``), which
-also sizes data-dependent Reshape/Range/NonZero chains and If/Loop/Scan outputs.
+where it is exact, and otherwise by one onnxruntime run, which also sizes
+data-dependent Reshape/Range/NonZero chains and If/Loop/Scan outputs. That run is
+the caller's: it passes a ``probe`` (``models.probe.run_shapes``, the shell), so
+this module and everything built on it (profile, cuts, partition) never runs a model.
 """
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Protocol, Union
 
 import numpy as np
 import onnx
@@ -42,9 +44,19 @@ __all__ = [
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto, "GraphAnalysis"]
 InputShapes = Mapping[str, Sequence[int]]
 ShapeSource = Literal["auto", "run", "static"]
-# (model, feeds, tensor names) -> {name: (shape, numpy dtype name, nbytes)}; models.probe.run_shapes
-ProbeFn = Callable[[onnx.ModelProto, Mapping[str, np.ndarray], Sequence[str]],
-                   Mapping[str, tuple[tuple[int, ...], str, int]]]
+
+
+class ProbeFn(Protocol):
+    """One run of ``model`` on ``feeds`` sizing tensors ``names``: {name: (shape, dtype name, nbytes)}.
+
+    ``external_dir`` is where the model's external data files are (None: nowhere).
+    ``models.probe.run_shapes`` is the one the shells pass; tests pass fakes.
+    """
+
+    def __call__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                 names: Sequence[str], *, external_dir: str | None = None,
+                 ) -> Mapping[str, tuple[tuple[int, ...], str, int]]: ...
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +449,7 @@ def _unsized(vi: onnx.ValueInfoProto, where: str) -> str:
     """Why static inference gave no size (the message when no run may fill it in)."""
     what = f"tensor '{vi.name}' ({where})"
     kind = vi.type.WhichOneof("value")
-    if kind is None or kind == "tensor_type" and not vi.type.tensor_type.HasField("shape"):
+    if kind is None or (kind == "tensor_type" and not vi.type.tensor_type.HasField("shape")):
         return f"{what} has no inferred shape"
     if kind != "tensor_type":
         return f"{what} is not a dense tensor; unsupported"
@@ -581,6 +593,7 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
     ``shapes="auto"`` takes sizes from static shape inference when it fixes every
     activation, and otherwise from one onnxruntime run (``probe``; random inputs of
     the right dtype, or ``input_values``); ``"run"`` always runs, ``"static"`` never.
+    Without a ``probe`` a model that needs the run is a ModelError saying so.
     """
     if isinstance(src, GraphAnalysis):
         return src
@@ -696,14 +709,13 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
         raise ModelError(f"{label}: shape inference failed{given}: {why_not}")
     if shapes == "run" or ((unsized or why_not) and shapes == "auto"):
         if probe is None:
-            from functools import partial
-
-            from models.probe import run_shapes
-
-            probe = partial(run_shapes, external_dir=ext_dir or None)
+            why = (unsized[0] if unsized else f"static shape inference failed ({why_not})"
+                   if why_not else f"shapes={shapes!r}")
+            raise ModelError(f"{label}: {why}; sizing it takes one onnxruntime run: pass "
+                             f"probe=models.probe.run_shapes")
         feeds = _probe_feeds(g, inputs, values, label)
         try:
-            ran = probe(inferred, feeds, produced)
+            ran = probe(inferred, feeds, produced, external_dir=ext_dir or None)
         except ModelError as exc:
             why = (f"{unsized[0]}, and the model" if unsized else
                    f"static shape inference failed ({why_not}), and the model" if why_not

@@ -10,6 +10,7 @@ outer-scope tensors and weights its subgraphs read.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,8 +39,8 @@ from models.graph import (
 )
 from models.profile import ModelProfile, profile_model
 
-if TYPE_CHECKING:  # runtime.security is optional at import time
-    from runtime.security import ArtifactSignature, Identity
+if TYPE_CHECKING:  # runtime.verify is optional at import time
+    from runtime.verify import ArtifactSignature, Identity
 
 __all__ = ["PartitionArtifact", "Partitioner", "split", "split_by_segments", "split_into"]
 
@@ -255,7 +256,7 @@ class Partitioner:
         act = max(x.live_bytes for x in nodes)
         signature = None
         if signer is not None:
-            from runtime.security import sign_artifact
+            from runtime.verify import sign_artifact
 
             signature = sign_artifact(signer, data, {
                 "model": ga.name, "partition": index, "nodes": f"{start}:{end}",
@@ -275,7 +276,7 @@ class Partitioner:
         drops it holds one partition's weights at once (the point for a large model)."""
         points = [c.index for c in resolve_cuts(self.ga, cuts)]
         bounds = [0, *points, len(self.ga.nodes)]
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
             yield self.extract(i, a, b, signer=signer)
 
     def split(self, cuts: Sequence[int | Cut | Iterable[str]], *,

@@ -3,7 +3,8 @@
 The shell half of shape analysis: ``models.graph.analyze`` asks a probe for the
 tensors that static shape inference cannot size (data-dependent Reshape/Range,
 NonZero, If/Loop/Scan outputs, optional outputs nobody reads) and takes every
-dynamic tensor's size from the run. One CPU session, one thread, no graph
+dynamic tensor's size from the run. ``run_shapes`` is that probe; ``analyze`` here
+is ``models.graph.analyze`` with it plugged in (what every shell calls). One CPU session, one thread, no graph
 optimisations (every node keeps its outputs), inputs random but seeded.
 """
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from models import graph
 from models.errors import ModelError
 from models.feeds import feeds_for, make_feeds
 
-__all__ = ["ProbeResult", "feeds_for", "make_feeds", "rel_diff", "run_shapes", "session_options"]
+__all__ = ["ProbeResult", "analyze", "feeds_for", "make_feeds", "rel_diff", "run_shapes",
+           "session_options"]
 
 # name -> (shape, numpy dtype name, nbytes)
 ProbeResult = dict[str, tuple[tuple[int, ...], str, int]]
@@ -123,3 +126,12 @@ def run_shapes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         elif value is not None:
             out[meta.name] = ((), str(meta.type), _nbytes(value))
     return out
+
+
+def analyze(src: graph.ModelSource, *, dims: Mapping[str, int] | None = None,
+            input_shapes: graph.InputShapes | None = None,
+            input_values: Mapping[str, object] | None = None,
+            shapes: graph.ShapeSource = "auto") -> graph.GraphAnalysis:
+    """``models.graph.analyze`` sizing what static inference cannot with one run (``run_shapes``)."""
+    return graph.analyze(src, dims=dims, input_shapes=input_shapes, input_values=input_values,
+                         shapes=shapes, probe=run_shapes)

@@ -5,8 +5,8 @@ segment between consecutive cuts exactly as ``models.partition`` ships it, opens
 one onnxruntime session per segment with the given execution providers, feeds
 each segment the tensors the previous ones produced (one chained run on seeded
 inputs), then times every segment ``repeats`` times back to back (warm, as a
-device runs the one partition it hosts) and keeps the median. The whole model and the chain end to end are timed the same way, so a
-caller can see the cost of cutting.
+device runs the one partition it hosts) and keeps the median. The whole model and
+the chain end to end are timed the same way, so a caller can see the cost of cutting.
 
 It is the step an edge agent runs once per model and device class to calibrate
 the scheduler (``SegmentTimes.seconds`` becomes a chain profile's
@@ -23,8 +23,9 @@ from typing import Any
 
 from models.cuts import DEFAULT_SEGMENTS, ChainProfile, Cut, chain_profile
 from models.errors import ModelError
-from models.graph import GraphAnalysis, ModelSource, analyze
+from models.graph import GraphAnalysis, ModelSource
 from models.partition import Partitioner
+from models.probe import analyze
 
 __all__ = ["SegmentTimes", "time_segments", "DEFAULT_PROVIDERS"]
 

@@ -3,7 +3,7 @@
 Weights are ``list[np.ndarray]`` (Flower's NDArrays) in the zoo MLP's layout:
 ``[W1 (in,h), b1, W2 (h,out), b2]`` for ``MLP`` and ``[W (in,out), b]`` for
 ``SoftmaxRegression``, so ``to_onnx(weights)`` is the model the fog serves.
-scikit-learn is imported only inside ``load_digits_split``.
+Pure: the data comes in as arrays (``split_dataset``); ``models.digits`` loads scikit-learn's digits.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import onnx
 
 from models.errors import ModelError
 
-__all__ = ["MLP", "DigitsSplit", "SoftmaxRegression", "load_digits_split", "to_onnx"]
+__all__ = ["MLP", "DigitsSplit", "SoftmaxRegression", "split_dataset", "to_onnx"]
 
 Weights = list[np.ndarray]
 
@@ -23,7 +23,8 @@ Weights = list[np.ndarray]
 def _softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+    p: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return p
 
 
 def _check_xy(X: np.ndarray, y: np.ndarray, n_features: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,7 +77,8 @@ class _Trainer:
         return _softmax(self.logits(X))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        return self.logits(X).argmax(axis=1)
+        labels: np.ndarray = self.logits(X).argmax(axis=1)
+        return labels
 
     def fit(self, X: np.ndarray, y: np.ndarray, epochs: int = 1, lr: float = 0.1,
             momentum: float = 0.9) -> dict[str, float]:
@@ -186,29 +188,26 @@ def _dirichlet_parts(y: np.ndarray, n_clients: int, alpha: float,
     )
 
 
-def load_digits_split(n_clients: int, *, iid: bool = True, alpha: float | None = None,
-                      seed: int = 0, test_fraction: float = 0.2,
-                      min_size: int = 2) -> DigitsSplit:
-    """scikit-learn's bundled 8x8 digits (offline), scaled to [0, 1], split over clients.
+def split_dataset(X: np.ndarray, y: np.ndarray, n_clients: int, *, iid: bool = True,
+                  alpha: float | None = None, seed: int = 0, test_fraction: float = 0.2,
+                  min_size: int = 2) -> DigitsSplit:
+    """Samples ``X`` with labels ``y`` split into a held-out test set and per-client shards.
 
     ``alpha`` (Dirichlet concentration, smaller is more skewed) selects a label-skew
     split; otherwise ``iid=True`` deals samples uniformly at random. ``iid=False``
-    without ``alpha`` means ``alpha=0.5``.
+    without ``alpha`` means ``alpha=0.5``. Deterministic for a given ``seed``.
     """
+    if len(X) != len(y):
+        raise ModelError(f"{len(X)} samples but {len(y)} labels")
     if n_clients < 1:
         raise ModelError(f"n_clients must be >= 1, got {n_clients}")
     if alpha is not None and not alpha > 0:
         raise ModelError(f"alpha must be > 0, got {alpha}")
     if not 0 < test_fraction < 1:
         raise ModelError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    from sklearn.datasets import load_digits  # heavy; only the trainers' shell needs it
-
-    data = load_digits()
-    X = (np.asarray(data.data, dtype=np.float32) / 16.0).astype(np.float32)
-    y = np.asarray(data.target, dtype=np.int64)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(y))
-    n_test = int(round(test_fraction * len(y)))
+    n_test = round(test_fraction * len(y))
     test_idx, train_idx = order[:n_test], order[n_test:]
     Xtr, ytr = X[train_idx], y[train_idx]
     if n_clients * min_size > len(ytr):

@@ -87,8 +87,9 @@ class _Builder:
         b = self.const("ln_b", (0.02 * self.rng.normal(size=d)).astype(np.float32))
         return self.op("LayerNormalization", [x, g, b], axis=-1, epsilon=1e-5)
 
-    def model(self, graph_name: str, x_shape: Sequence[int], out: str,
-              out_shape: Sequence[int]) -> onnx.ModelProto:
+    def model(self, graph_name: str, x_shape: Sequence[int | str], out: str,
+              out_shape: Sequence[int | str]) -> onnx.ModelProto:
+        """The graph built so far as a checked model; a ``str`` dimension is symbolic (``"N"``)."""
         graph = helper.make_graph(
             self.nodes, graph_name,
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
@@ -119,10 +120,10 @@ def mlp_from_weights(weights: Sequence[np.ndarray], *, batch: int | None = 1,
     x = "x"
     n_layers = len(arrays) // 2
     for layer in range(n_layers):
-        w = bld.const(f"fc{layer + 1}_w", arrays[2 * layer])
-        b = bld.const(f"fc{layer + 1}_b", arrays[2 * layer + 1])
+        w_name = bld.const(f"fc{layer + 1}_w", arrays[2 * layer])
+        b_name = bld.const(f"fc{layer + 1}_b", arrays[2 * layer + 1])
         last = layer == n_layers - 1
-        x = bld.op("Gemm", [x, w, b], out="logits" if last else None)
+        x = bld.op("Gemm", [x, w_name, b_name], out="logits" if last else None)
         if not last:
             x = bld.op("Relu", [x])
     dim: int | str = "N" if batch is None else batch

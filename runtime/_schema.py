@@ -11,7 +11,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 import numpy as np
 
@@ -30,6 +30,7 @@ class Record:
 
     __slots__ = ()
     _fields: ClassVar[tuple[FieldSpec, ...]]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # each subclass's @dataclass
 
     def __post_init__(self) -> None:
         for spec in type(self)._fields:
@@ -107,10 +108,10 @@ def _compile(tp: Any) -> tuple[Checker, Builder]:
 
         return check_opt, build_opt
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) != 2 or args[1] is not Ellipsis:
+        items = typing.get_args(tp)
+        if len(items) != 2 or items[1] is not Ellipsis:
             raise LocalViolation(f"only tuple[X, ...] is supported, not {tp}")
-        item_check, item_build = _compile(args[0])
+        item_check, item_build = _compile(items[0])
 
         def check_tuple(v: Any, path: str) -> None:
             if not isinstance(v, tuple):
@@ -160,7 +161,7 @@ def _compile(tp: Any) -> tuple[Checker, Builder]:
     raise LocalViolation(f"unsupported field type {tp!r}")
 
 
-def schema_of(cls: type) -> tuple[FieldSpec, ...]:
+def schema_of(cls: type[Record]) -> tuple[FieldSpec, ...]:
     """Compile (once) and attach the field specs of a Record dataclass."""
     hints = typing.get_type_hints(cls, include_extras=False)
     specs = []
@@ -172,7 +173,10 @@ def schema_of(cls: type) -> tuple[FieldSpec, ...]:
     return cls._fields
 
 
-def from_wire(cls: type, data: dict[str, Any], path: str = "") -> Any:
+R = TypeVar("R", bound=Record)
+
+
+def from_wire(cls: type[R], data: dict[str, Any], path: str = "") -> R:
     """Build ``cls`` from a decoded map; unknown keys are ignored (forward compatible)."""
     kwargs = {}
     for spec in cls._fields:

@@ -16,6 +16,7 @@ If the parent died between ``fork`` and the ``prctl`` call, the child exits at o
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -39,7 +40,7 @@ def _prctl() -> Callable[..., int] | None:
     try:
         import ctypes
 
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
         return None
 
@@ -77,36 +78,40 @@ def die_with_parent_preexec(*, user: str | None = None,
 def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
           log: Path | IO[bytes] | int | None = None, stdin: int | IO[bytes] | None = subprocess.DEVNULL,
           stdout: int | IO[bytes] | None = None, user: str | None = None, own_session: bool = True,
-          die_with_parent: bool = True, **popen: Any) -> subprocess.Popen[bytes]:
+          die_with_parent: bool = True, whole_tree: bool = False, **popen: Any) -> subprocess.Popen[bytes]:
     """Start ``argv``; it dies with this process (unless ``die_with_parent=False``).
+
+    ``whole_tree``: so do the processes ``argv`` starts itself, which the kernel's parent-death
+    signal does not reach (Flower's SuperNode and its ClientApps): ``argv`` runs under
+    ``runtime.guard``, which watches this process and takes the whole tree down with it.
 
     ``log``: a path (appended to; the child keeps the descriptor) or an open file that gets
     stdout and stderr. ``own_session``: the child gets its own session, so a Ctrl-C meant for
     the parent's terminal does not reach it before the parent has decided how to stop it.
     """
-    close: IO[bytes] | None = None
     out: Any = stdout
     err: Any = popen.pop("stderr", None)
-    if log is not None:
-        if isinstance(log, (str, Path)):
-            close = open(log, "ab")
-            out, err = close, subprocess.STDOUT
-        else:
-            out, err = log, subprocess.STDOUT
-    preexec = die_with_parent_preexec(user=user) if die_with_parent else None
+    with contextlib.ExitStack() as opened:  # a log opened here closes once the child has its copy
+        if log is not None:
+            if isinstance(log, (str, Path)):
+                out, err = opened.enter_context(open(log, "ab")), subprocess.STDOUT
+            else:
+                out, err = log, subprocess.STDOUT
+        if whole_tree and die_with_parent:
+            from runtime.guard import guarded
 
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(list(argv), env=dict(env) if env is not None else None,
-                                cwd=str(cwd) if cwd is not None else None, stdin=stdin, stdout=out,
-                                stderr=err, start_new_session=own_session, preexec_fn=preexec, **popen)
+            argv, die_with_parent = guarded(list(argv)), False  # the guard watches us instead
+        preexec = die_with_parent_preexec(user=user) if die_with_parent else None
 
-    try:
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(list(argv), env=dict(env) if env is not None else None,
+                                    cwd=str(cwd) if cwd is not None else None, stdin=stdin,
+                                    stdout=out, stderr=err, start_new_session=own_session,
+                                    preexec_fn=preexec, **popen)
+
         if preexec is None or threading.current_thread() is threading.main_thread():
             return start()
         return _Spawner.run(start)
-    finally:
-        if close is not None:
-            close.close()
 
 
 class _Spawner:
@@ -133,7 +138,7 @@ class _Spawner:
             start, fut = cls._jobs.get()
             try:
                 fut.set_result(start())
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - the caller re-raises it; this thread lives on
                 fut.set_exception(exc)
 
 
@@ -160,6 +165,9 @@ def stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0, *, group:
         return proc.wait(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
         return None
+    finally:
+        if group:  # what the leader started may outlive it (Flower's ClientApp after its SuperNode)
+            _signal(proc, signal.SIGKILL, True)
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:

@@ -179,10 +179,7 @@ def _path(text: str) -> Path:
 def writable_dir(text: str) -> Path:
     """A directory the command may create or write in (it is not created here)."""
     path = _path(text)
-    why = _why(path)
-    if why is not None:
-        raise ArgError(why)
-    return path
+    return _writable_in(path, path)
 
 
 @_kind("writable_file")
@@ -191,7 +188,12 @@ def writable_file(text: str) -> Path:
     path = _path(text)
     if path.is_dir():
         raise ArgError(f"{path} is a directory, not a file")
-    why = _why(path.parent) if str(path.parent) else None
+    return _writable_in(path, path.parent)
+
+
+def _writable_in(path: Path, directory: Path) -> Path:
+    """``path`` when ``directory`` exists and is writable or can be made, else why not."""
+    why = _why(directory)
     if why is not None:
         raise ArgError(why)
     return path
@@ -200,25 +202,21 @@ def writable_file(text: str) -> Path:
 @_kind("existing_file")
 def existing_file(text: str) -> Path:
     """A readable regular file."""
-    path = _path(text)
-    if not path.exists():
-        raise ArgError(f"{path} does not exist: no such file")
-    if path.is_dir():
-        raise ArgError(f"{path} is a directory, not a file")
-    if not os.access(path, os.R_OK):
-        raise ArgError(f"{path} is not readable")
-    return path
+    return _readable(_path(text), directory=False)
 
 
 @_kind("existing_dir")
 def existing_dir(text: str) -> Path:
     """A readable directory."""
-    path = _path(text)
+    return _readable(_path(text), directory=True)
+
+
+def _readable(path: Path, *, directory: bool) -> Path:
     if not path.exists():
-        raise ArgError(f"{path} does not exist: no such directory")
-    if not path.is_dir():
-        raise ArgError(f"{path} is not a directory")
-    if not os.access(path, os.R_OK | os.X_OK):
+        raise ArgError(f"{path} does not exist: no such {'directory' if directory else 'file'}")
+    if path.is_dir() != directory:
+        raise ArgError(f"{path} is not a directory" if directory else f"{path} is a directory, not a file")
+    if not os.access(path, os.R_OK | os.X_OK if directory else os.R_OK):
         raise ArgError(f"{path} is not readable")
     return path
 

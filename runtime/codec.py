@@ -72,7 +72,7 @@ def encode(msg: Message) -> bytes:
             if obj.dtype.kind not in _ALLOWED_KINDS:
                 raise LocalViolation(f"cannot send arrays of dtype {obj.dtype}")
             arr = np.ascontiguousarray(obj)
-            view = memoryview(arr).cast("B") if arr.nbytes else memoryview(b"")
+            view = arr.data.cast("B") if arr.nbytes else memoryview(b"")
             start = offset
             buffers.append(view)
             offset += arr.nbytes + _pad(arr.nbytes)
@@ -223,7 +223,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_size: int = DEFAULT_MAX_
         cls = MESSAGE_TYPES.get(body[0])
         if cls is None:
             raise DecodeError(f"unknown message kind {body[0][:40]!r}")
-        return from_wire(cls, body[2])  # type: ignore[no-any-return]
+        return from_wire(cls, body[2])
     except DecodeError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError,

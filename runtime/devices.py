@@ -40,6 +40,10 @@ class Range:
     lo_open: bool = False
     plausible: float | None = None  # claims above it are clamped and flagged, not rejected
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):  # check_ranges relies on it
+            raise ValueError(f"a range's bounds must be finite, not [{self.lo}, {self.hi}]")
+
     def problem(self, v: float | int) -> str | None:
         """None when ``v`` lies in the range, else what is wrong (one phrase)."""
         if isinstance(v, float) and not math.isfinite(v):
@@ -85,11 +89,28 @@ def range_problem(ranges: Mapping[str, Range], field: str, value: float | int | 
     return None if r is None or value is None else r.problem(value)
 
 
+_Bounds = tuple[tuple[str, float, float, bool, Range], ...]
+_BOUNDS: dict[int, tuple[Mapping[str, Range], _Bounds]] = {}
+
+
+def _bounds(ranges: Mapping[str, Range]) -> _Bounds:
+    """``ranges`` as flat tuples, built once per table: every advert is checked (the hot path)."""
+    hit = _BOUNDS.get(id(ranges))
+    if hit is None or hit[0] is not ranges:
+        hit = (ranges, tuple((n, r.lo, r.hi, r.lo_open, r) for n, r in ranges.items()))
+        _BOUNDS[id(ranges)] = hit
+    return hit[1]
+
+
 def check_ranges(obj: object, ranges: Mapping[str, Range]) -> None:
     """Raise ``OutOfRange`` for the first field of ``obj`` outside its range."""
-    for name, r in ranges.items():
+    for name, lo, hi, lo_open, r in _bounds(ranges):
         v = getattr(obj, name)
-        if v is not None and (why := r.problem(v)) is not None:
+        # every bound is finite, so a value inside them is finite too (NaN compares False)
+        if v is None or ((lo < v <= hi) if lo_open else (lo <= v <= hi)):
+            continue
+        why = r.problem(v)
+        if why is not None:
             raise OutOfRange(type(obj).__name__, name, v, why)
 
 

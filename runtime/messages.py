@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._schema import Record, schema_of
+from ._schema import R, Record, schema_of
 from .devices import (
     RESOURCE_RANGES,
     DeviceResources,
@@ -53,7 +53,7 @@ class Message(Record):
 MESSAGE_TYPES: dict[str, type[Message]] = {}
 
 
-def message(cls: type) -> type:
+def message(cls: type[R]) -> type[R]:
     """Register a message class under its KIND and compile its schema."""
     schema_of(cls)
     if issubclass(cls, Message):

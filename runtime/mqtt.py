@@ -89,7 +89,7 @@ class _TlsContext(ssl.SSLContext):
     fixed_server_hostname: str | None = None
 
     def wrap_socket(self, sock: Any, server_side: bool = False, do_handshake_on_connect: bool = True,
-                    suppress_ragged_eofs: bool = True, server_hostname: str | None = None,
+                    suppress_ragged_eofs: bool = True, server_hostname: str | bytes | None = None,
                     session: Any = None) -> ssl.SSLSocket:
         return super().wrap_socket(sock, server_side, do_handshake_on_connect, suppress_ragged_eofs,
                                    self.fixed_server_hostname or server_hostname, session)
@@ -219,7 +219,8 @@ class MqttClient:
                                    protocol=mqtt.MQTTv5)
         self._client.max_queued_messages_set(max_queued)
         self._client.max_inflight_messages_set(100)
-        self._client.reconnect_delay_set(reconnect_min_s, reconnect_max_s)
+        # paho annotates the delays as int; it adds and sleeps them as they are (floats work)
+        self._client.reconnect_delay_set(reconnect_min_s, reconnect_max_s)  # type: ignore[arg-type]
         if username is not None:
             self._client.username_pw_set(username, password)
         if tls is not None:
@@ -364,7 +365,7 @@ class MqttClient:
                 log.debug("disconnect failed", exc_info=True)
         else:
             sock = self._client.socket()
-            if sock is not None:
+            if isinstance(sock, socket.socket):  # TCP or TLS: paho dials no websockets here
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -451,7 +452,7 @@ class MqttClient:
             self._set_error(f"connection lost before CONNACK: {cause}", fatal="[SSL" in cause)
         lo, hi = self._reconnect
         # jitter the backoff floor so reconnecting clients spread out
-        client.reconnect_delay_set(lo * (0.5 + self._rng.random()), hi)
+        client.reconnect_delay_set(lo * (0.5 + self._rng.random()), hi)  # type: ignore[arg-type]
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         topic = msg.topic
@@ -463,7 +464,8 @@ class MqttClient:
             log.debug("%s: dropped %d bytes on %s (limit %d)", self.client_id, len(msg.payload), topic, limit)
             return
         props = getattr(msg, "properties", None)
-        inbound = Inbound(topic, msg.payload, time.monotonic(), bool(msg.retain),
+        payload = msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload)
+        inbound = Inbound(topic, payload, time.monotonic(), bool(msg.retain),
                           getattr(props, "ResponseTopic", None) if props else None,
                           getattr(props, "CorrelationData", None) if props else None)
         try:

@@ -19,7 +19,6 @@ phrases for counters.
 from __future__ import annotations
 
 import struct
-import threading
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -27,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from . import codec
 from .errors import DecodeError, SecurityError
 from .messages import Activation, InferenceResult, Relay, RouteTicket, Tensors
-from .security import Identity, Signer
+from .verify import Identity, Signer
 
 __all__ = ["RelayError", "Sealer", "issue_ticket", "seal", "open_relay", "ticket_of"]
 
@@ -115,20 +114,20 @@ def open_relay(data: bytes | memoryview, fog_key: bytes, me: str, now: float, *,
 
 
 class Sealer:
-    """What one device sends on the data plane, sealed with its key (thread-safe: executor workers).
+    """What one device sends on the data plane, sealed with its key.
 
     Forwarded activations become ``Relay`` frames; results (and hop errors) become envelopes the
-    fog checks against the device's enrolled key and the attempt's route.
+    fog checks against the device's enrolled key and the attempt's route. ``result`` advances a
+    sequence number, so it is not thread-safe: a caller with several workers (the executor)
+    serialises its calls; ``relay`` keeps no state.
     """
 
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
         self._signer = Signer(identity, 0)  # results are checked by signature and route, not by window
-        self._lock = threading.Lock()
 
     def relay(self, act: Activation) -> bytes:
         return seal(self.identity, act)
 
     def result(self, res: InferenceResult, now: float) -> bytes:
-        with self._lock:
-            return self._signer.seal_bytes(res, now)
+        return self._signer.seal_bytes(res, now)

@@ -5,8 +5,9 @@ For tests and benchmarks that need devices of chosen memory and speed
 (``edge_agent.runner.make_agent`` with a ``DeviceProfile``); each data dir is
 enrolled with the spec's bootstrap token first, exactly as ``fogline agent
 --token`` does. SPEC is JSON: ``{"agents": [{"id", "memory", "flops"?,
-"labels"?, "link_bps"?, "model_compute"?}], "dir", "port", "enroll", "token", "interval"?}``. Start it with
-``LocalSite.spawn_agents``. SIGTERM stops the agents cleanly.
+"labels"?, "link_bps"?, "uplink_bps"?, "downlink_bps"?, "model_compute"?}], "dir", "port", "enroll", "token",
+"interval"?, "host"?}`` (``host``: the fog's address when not 127.0.0.1, e.g. from a network namespace).
+Start it with ``LocalSite.spawn_agents``. SIGTERM stops the agents cleanly.
 """
 from __future__ import annotations
 
@@ -35,15 +36,18 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     base = Path(spec["dir"])
     ehost, eport = spec["enroll"].rsplit(":", 1)
+    host = spec.get("host", "127.0.0.1")  # the fog as reached from here (in a netns: its veth peer)
+    ehost = spec.get("host", ehost)
     enrol_dirs(spec["token"], [(a["id"], base / a["id"]) for a in spec["agents"]], ehost, int(eport), timeout_s=60)
     agents = []
     for a in spec["agents"]:
         fog_key, tls, site = enrolled_settings(base / a["id"])
         link = a.get("link_bps", 1e8)  # advertised up- and downlink (the cost model's links)
-        prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"], uplink_bps=link,
-                             downlink_bps=link, rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
+        prof = DeviceProfile(a["id"], flops=a.get("flops", 5e9), memory_bytes=a["memory"],
+                             uplink_bps=a.get("uplink_bps", link), downlink_bps=a.get("downlink_bps", link),
+                             rtt_s=0.001, power_active_w=5.0, power_idle_w=2.0,
                              labels=a.get("labels", {}))
-        cfg = AgentConfig(device_id=a["id"], data_dir=base / a["id"], host="127.0.0.1", port=spec["port"], site=site,
+        cfg = AgentConfig(device_id=a["id"], data_dir=base / a["id"], host=host, port=spec["port"], site=site,
                           labels=a.get("labels", {}), fog_key=fog_key, tls=tls,
                           state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1,
                           model_compute=bool(a.get("model_compute", False)))

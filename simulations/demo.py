@@ -130,8 +130,8 @@ class Processes:
         logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *,
-              fatal: Path | None = None) -> subprocess.Popen[bytes]:
-        proc = children.spawn(argv, log=self.logs / f"{name}.log", env=env)
+              fatal: Path | None = None, whole_tree: bool = False) -> subprocess.Popen[bytes]:
+        proc = children.spawn(argv, log=self.logs / f"{name}.log", env=env, whole_tree=whole_tree)
         self.procs[name] = proc
         self.started[name] = time.time()
         self.killed.discard(name)
@@ -252,7 +252,7 @@ def _wait(what: str, cond: Callable[[], Any], timeout: float, poll: float = 0.2,
                 try:  # the child may have finished its work and exited just now
                     if value := cond():
                         return value
-                except Exception:
+                except Exception:  # noqa: BLE001 - the child's death is the error to report, not this
                     pass
                 raise
         if past:
@@ -674,7 +674,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                         and result.get("release", {}).get("agreement") == 1.0
                         and bool(result.get("rollout", {}).get("canary_first")))
         rep.finish()
-    except (Exception, KeyboardInterrupt) as exc:
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the demo's boundary: a failed step
         result["ok"] = False
         result["failed_step"] = rep.fail(_failure_reason(exc))
         if isinstance(exc, KeyboardInterrupt):
@@ -933,7 +933,8 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
                                        "--port", str(free_port()), "--root-certificates",
                                        str(ckpt / TLS_DIR / "ca.pem"), "--auth-supernode-private-key", str(key),
                                        "--node-config", f"partition-id={i} num-partitions={cfg.fl_nodes}{attack}"],
-                    {**env, "FLWR_HOME": str(work / "flower" / f"node-{i}")})
+                    {**env, "FLWR_HOME": str(work / "flower" / f"node-{i}")},
+                    whole_tree=True)  # its ClientApps end with it, even on a kill -9 of the demo
     # with several sites the coordinator signs checkpoints (and the outbox) with its own key,
     # CKPT/coordinator.key; each site's release is re-signed with the key that site issued
     store = CheckpointStore([ckpt, replica],

@@ -110,27 +110,14 @@ class LocalSite:
         """kill -9 of the fog broker and of its mosquitto."""
         pid = self._mosquitto_pid()
         self.kill_fog_only()
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(pid)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (the broker stops its mosquitto), then make sure nothing is left."""
         pid = self._mosquitto_pid()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
+        children.stop(self.proc, timeout)
         self.kill()
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(pid)
 
     def __enter__(self) -> LocalSite:
         return self.start() if self.proc is None else self
@@ -196,15 +183,20 @@ class LocalSite:
         return FogClient("127.0.0.1", self.port, credentials=self.credentials(name), insecure=self.insecure, **kw)
 
     def spawn_agents(self, agents: list[dict[str, Any]], directory: str | Path, log: str | Path,
-                     interval: float = 1.0) -> subprocess.Popen[bytes]:
+                     interval: float = 1.0, *, host: str | None = None,
+                     wrap: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         """One process of simulated agents with custom profiles (``simulations.agent_group``), enrolled
-        with a fresh token; in its own session, so ``os.killpg`` is a kill -9 of the whole group."""
+        with a fresh token; in its own session, so ``os.killpg`` is a kill -9 of the whole group.
+        ``wrap`` prefixes the command (``ip netns exec NS``: a shaped link, ``simulations.netshape``)
+        and ``host`` is the fog's address from there."""
         spec = {"agents": agents, "dir": str(directory), "port": self.port, "enroll": self.enroll,
                 "token": self.token(uses=len(agents)), "interval": interval}
+        if host is not None:
+            spec["host"] = host
         env = dict(self.env or os.environ)
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
         with open(log, "ab") as err:
-            return children.spawn([sys.executable, "-m", "simulations.agent_group", json.dumps(spec)],
+            return children.spawn([*wrap, sys.executable, "-m", "simulations.agent_group", json.dumps(spec)],
                                   env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def agent_argv(self, device_id: str, data_dir: str | Path, *extra: str, token: str | None = None) -> list[str]:
@@ -212,3 +204,12 @@ class LocalSite:
         argv = [sys.executable, "-m", "edge_agent", "--broker", self.mqtt, "--id", device_id,
                 "--data-dir", str(data_dir), "--enroll", self.enroll]
         return argv + ["--token", token or self.token()] + list(extra)
+
+
+def _sigkill(pid: int | None) -> None:
+    """kill -9 of ``pid`` when there is one; already gone (or never ours) is what we wanted."""
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

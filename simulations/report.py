@@ -151,10 +151,7 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title(title)
     fig.suptitle("Partition placement (residual CNN, 3 partitions x 2 replicas)"
                  + (f" at {canary}" if canary else ""))
-    fig.tight_layout()
-    paths.append(out / "placement.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / "placement.png", plt))
 
     # latency over time with the fault marked
     tl = result.get("timeline", [])
@@ -176,13 +173,8 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("time since demo start (s)")
     ax.set_ylabel("request latency (ms)")
     ax.set_yscale("log")
-    if ax.get_legend_handles_labels()[0]:  # a demo that stopped early may have nothing to label
-        ax.legend(fontsize=8)
-    ax.set_title("Inference latency through the partition chain")
-    fig.tight_layout()
-    paths.append(out / "latency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _legend_and_title(ax, "Inference latency through the partition chain")
+    paths.append(_save(fig, out / "latency.png", plt))
 
     # accuracy per round with the coordinator crash marked
     fed = result.get("federated", {})
@@ -196,16 +188,25 @@ def write_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
-    if ax.get_legend_handles_labels()[0]:  # a demo that stopped early may have nothing to label
-        ax.legend(fontsize=8)
-    ax.set_title("Federated training (PyTorch CNN app, digits)")
-    fig.tight_layout()
-    paths.append(out / "accuracy.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _legend_and_title(ax, "Federated training (PyTorch CNN app, digits)")
+    paths.append(_save(fig, out / "accuracy.png", plt))
     if result.get("sites"):
         paths.append(_sites_plot(result, out / "sites.png", plt))
     return paths
+
+
+def _legend_and_title(ax: Any, title: str) -> None:
+    if ax.get_legend_handles_labels()[0]:  # a demo that stopped early may have nothing to label
+        ax.legend(fontsize=8)
+    ax.set_title(title)
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    """Lay out, write and close one figure (pyplot keeps every open figure alive)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _sites_plot(result: dict[str, Any], path: Path, plt: Any) -> Path:
@@ -251,7 +252,4 @@ def _sites_plot(result: dict[str, Any], path: Path, plt: Any) -> Path:
     bx.set_ylabel("requests answered")
     bx.set_title("Requests served per site")
     bx.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)

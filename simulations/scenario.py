@@ -51,7 +51,7 @@ def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: An
             raise ScenarioError(f"{where}{key}: missing")
         return default
     v = d[key]
-    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+    if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
         raise ScenarioError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {v!r}")
     return v
 

@@ -53,7 +53,7 @@ def _describe(what: str | Callable[[], object] | None, cond: Callable[[], object
     if callable(what):
         try:
             return str(what())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failing description must not hide the timeout
             return f"<description failed: {exc!r}>"
     if what is not None:
         return what

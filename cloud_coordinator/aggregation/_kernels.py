@@ -79,19 +79,19 @@ def _gram_span(x: np.ndarray, extra: np.ndarray | None, rows: np.ndarray | None,
     """Gram matrix of the centred columns [lo, hi), chunk by chunk through ``buf``."""
     m = buf.shape[0]
     g = np.zeros((m, m))
-    stack = isinstance(x, RowStack)
+    stack = x if isinstance(x, RowStack) else None
     avg64 = avg.astype(np.float64)
     for s in range(lo, hi, step):
         e = min(hi, s + step)
         b = buf[:, : e - s]
-        if stack:  # read the clients' buffers straight into the float64 block
-            if center_row is None and x.center is not None:  # centred while read: one pass
-                cs = x.center[s:e]
-                x.read(rows, s, e, b[:n], minus=cs)
+        if stack is not None:  # read the clients' buffers straight into the float64 block
+            if center_row is None and stack.center is not None:  # centred while read: one pass
+                cs = stack.center[s:e]
+                stack.read(rows, s, e, b[:n], minus=cs)
                 if extra is not None:
                     np.subtract(extra[:, s:e], cs, out=b[n:])
             else:
-                x.read(rows, s, e, b[:n])
+                stack.read(rows, s, e, b[:n])
                 if extra is not None:
                     b[n:] = extra[:, s:e]
                 c = b[center_row].copy() if center_row is not None else avg64 @ b[:n]

@@ -135,7 +135,7 @@ class RowStack:
 
     def centered_at(self, center: np.ndarray | None) -> RowStack:
         """The same rows with a Gram centre hint (float64, shape (d,)); no data is copied."""
-        sub = self[:]
+        sub: RowStack = self[:]
         sub.center = None if center is None else np.asarray(center, dtype=np.float64)
         return sub
 
@@ -145,7 +145,7 @@ class RowStack:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def read(self, rows: Sequence[int] | None, start: int, stop: int, out: np.ndarray,
+    def read(self, rows: Sequence[int] | np.ndarray | None, start: int, stop: int, out: np.ndarray,
              minus: np.ndarray | None = None) -> np.ndarray:
         """Copy columns [start, stop) of ``rows`` (all when None) into ``out``, minus ``minus`` if given.
 

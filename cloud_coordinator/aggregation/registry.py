@@ -9,7 +9,7 @@ last aggregate, bucketing's random generator), and ``state_dict`` /
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -72,7 +72,7 @@ def _parse(name: str) -> tuple[tuple[str, ...], str]:
 
 
 def _positive(v: object) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and bool(np.isfinite(v)) and v > 0
+    return isinstance(v, (int, float, np.integer, np.floating)) and bool(np.isfinite(v)) and bool(v > 0)
 
 
 def _check_options(name: str, kw: dict[str, Any]) -> None:
@@ -153,7 +153,7 @@ class Aggregator:
                 x, base = (x.dense(base) if isinstance(x, RowStack) else
                            np.asarray(x, dtype=np.float64) - base), None
             elif isinstance(x, RowStack):
-                x = x.centered_at(base)
+                x = cast(np.ndarray, x.centered_at(base))  # stands in for the array, as in as_updates
         res = guarded(lambda xx, ww: self._run(xx, ww, base), x, weights, True)
         if res.state is not None:
             self._state = dict(res.state)

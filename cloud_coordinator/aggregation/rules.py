@@ -103,7 +103,8 @@ def krum_scores(dist: np.ndarray, f: int, active: np.ndarray | None = None) -> n
         return np.zeros(1)
     np.fill_diagonal(sub, np.inf)
     k = max(1, m - f - 2)
-    return np.partition(sub, k - 1, axis=1)[:, :k].sum(axis=1)
+    scores: np.ndarray = np.partition(sub, k - 1, axis=1)[:, :k].sum(axis=1)
+    return scores
 
 
 def _rejected(n: int, selected: tuple[int, ...], reason: str) -> dict[int, str]:
@@ -208,7 +209,8 @@ def _affine_sqdist(g: np.ndarray, alpha: np.ndarray, rows: int) -> np.ndarray:
     """Squared distance from the point alpha (affine combination) to rows 0..rows-1."""
     ga = g @ alpha
     val = float(alpha @ ga) - 2.0 * ga[:rows] + np.diag(g)[:rows]
-    return np.maximum(val, 0.0)
+    out: np.ndarray = np.maximum(val, 0.0)
+    return out
 
 
 def _geometric_median_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0, tol: float = 1e-7,

@@ -69,9 +69,10 @@ def site_reply(msg: Message, spool: Spool) -> Message:
         return Message(Error(SITE_FAILED, "the site's round did not finish before the cloud's deadline"), reply_to=msg)
     if out.arrays is None or out.names != names:
         return Message(Error(SITE_FAILED, f"the site's round failed: {out.failure or 'no aggregate'}"), reply_to=msg)
-    metrics: dict[str, int | float | list[int] | list[float]] = {"num-examples": out.examples, "site-clients": float(len(out.clients)),
-                                 "site-accepted": float(len(out.accepted)), "site-rejected": float(len(out.rejected)),
-                                 "site-seconds": out.seconds}
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        "num-examples": out.examples, "site-clients": float(len(out.clients)),
+        "site-accepted": float(len(out.accepted)), "site-rejected": float(len(out.rejected)),
+        "site-seconds": out.seconds}
     for why, n in Counter(reason_key(w) for w in out.rejected.values()).items():
         metrics[f"site-rejected-{_slug(why)}"] = float(n)
     content = RecordDict({key: ArrayRecord({n: Array(a) for n, a in zip(names, out.arrays)}),

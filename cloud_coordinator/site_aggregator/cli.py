@@ -90,18 +90,14 @@ class CloudNode:
             log.warning("the cloud SuperNode exited (%s); restarting it (see %s)", self.proc.returncode, self.logfile)
         from runtime import children
 
-        self.proc = children.spawn(self.argv, log=self.logfile, env=self.env)
+        self.proc = children.spawn(self.argv, log=self.logfile, env=self.env, whole_tree=True)
         self.starts += 1
         self.next_start = now + min(30.0, 2.0 * self.starts)  # backoff between restarts
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        from runtime import children
+
+        children.stop(self.proc, 10.0)
 
 
 def _cloud_node(args: argparse.Namespace, work: Path, spool: Path) -> CloudNode | None:

@@ -54,7 +54,6 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Union
 
 from runtime.messages import Hop, PartitionStatus
 
@@ -92,8 +91,8 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class DeployPartition:
-    """Build (or take from cache) the artifact of segments first..last and send a signed Deploy."""
+class _PartitionCommand:
+    """A command to one device about one partition (a ``PartKey``); its ACK names ``command_id``."""
 
     command_id: str
     device: str
@@ -101,19 +100,20 @@ class DeployPartition:
     version: int
     replica: int
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeployPartition(_PartitionCommand):
+    """Build (or take from cache) the artifact of segments first..last and send a signed Deploy."""
+
     first: int
     last: int
     attempt: int
 
 
 @dataclass(frozen=True, slots=True)
-class UndeployPartition:
-    command_id: str
-    device: str
-    workload: str
-    version: int
-    replica: int
-    index: int
+class UndeployPartition(_PartitionCommand):
+    """Send an Undeploy: the device unloads the partition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ class Persist:
     workload: str
 
 
-Command = Union[DeployPartition, UndeployPartition, Persist]
+Command = DeployPartition | UndeployPartition | Persist
 
 
 # ------------------------------------------------------------------ state
@@ -141,6 +141,7 @@ class Assignment:
     attempts: int = 0
     next_try: float = 0.0
     deadline: float = math.inf
+    ack_window_s: float = 0.0  # the current attempt's ack window (``Controller._ack_window``)
     running_since: float = math.nan
     lost_at: float = math.nan  # when the partition this one replaces was detected lost
     excluded: frozenset[str] = frozenset()
@@ -202,6 +203,9 @@ class Switch:
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     ack_timeout_s: float = 5.0
+    #: a deploy's ack window adds this many times the artifact's transfer over the device's
+    #: downlink to ``ack_timeout_s`` (0: the fixed timeout only)
+    transfer_safety: float = 2.0
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
     max_attempts: int = 4           # then re-place elsewhere
@@ -210,7 +214,8 @@ class ControllerConfig:
     orphan_grace_s: float = 3.0     # a reported partition we do not know is undeployed after this
     missing_grace_s: float = 2.0    # a RUNNING partition absent from fresh reports for this long is redeployed
     drain_s: float = 2.0            # a retired old-version partition is undeployed this long after its last request
-    switch_break_after_s: float = 0.0  # a switch with no room even replica by replica breaks first after this (inf: never)
+    # a switch with no room even replica by replica breaks first after this (inf: never)
+    switch_break_after_s: float = 0.0
 
 
 def sub_profile(profile: ChainProfile, first: int, last: int) -> ChainProfile:
@@ -413,7 +418,7 @@ class Controller:
             out.extend(self._plan(fleet, now))
         if self.switches:
             out.extend(self._advance_switches(fleet, now))
-        out.extend(self._send_due(now))
+        out.extend(self._send_due(fleet, now))
         out.extend(self._pending_undeploy)
         self._pending_undeploy = []
         self._update_status()
@@ -549,10 +554,7 @@ class Controller:
         for a in self._all_parts():
             if a.phase is Phase.UNCONFIRMED and a.device not in reported:
                 return False
-        for e in self.workloads.values():
-            if e.spec.source not in reported or e.spec.sink not in reported:
-                return False
-        return True
+        return all(e.spec.source in reported and e.spec.sink in reported for e in self.workloads.values())
 
     def _mark_running(self, a: Assignment, now: float) -> None:
         if a.phase is Phase.RUNNING:
@@ -645,7 +647,7 @@ class Controller:
                 if now - since >= grace and now - a.running_since >= grace:
                     self._missing_since.pop(a.key, None)
                     a.phase, a.lost_at, a.reason = Phase.LOST, now, "no longer reported by the device"
-            for key, (a, at) in list(sw.gone.items()):
+            for key, (_a, at) in list(sw.gone.items()):
                 # Gone from its device's report (its memory is free: plan again), or reported long
                 # after the undeploy (the orphan rule takes it over from here).
                 if key not in seen or now - at >= gone_timeout:
@@ -895,17 +897,31 @@ class Controller:
     def _expire(self, now: float) -> None:
         for a in self.assignments.values():
             if a.phase is Phase.DEPLOYING and now >= a.deadline:
-                a.reason = f"no ack from {a.device} within {self.config.ack_timeout_s:g} s"
+                a.reason = f"no ack from {a.device} within {a.ack_window_s:.3g} s"
                 self._by_command.pop(a.command_id, None)
                 self._retry_or_move(a, now)
 
-    def _send_due(self, now: float) -> list[Command]:
+    def _ack_window(self, a: Assignment, fleet: Fleet) -> float:
+        """Seconds a deploy of ``a`` may take to be acked: ``ack_timeout_s`` plus
+        ``transfer_safety`` times its artifact's transfer (the partition's param bytes) over
+        the device's downlink. A fixed window resends a large partition to a slow device before
+        it can arrive (each resend queues the artifact again on the same link) until the device
+        is given up and the workload re-planned."""
+        entry, device = self.workloads.get(a.workload), fleet.get(a.device)
+        prof = entry.spec.profile if entry is not None else None
+        if prof is None or device is None or self.config.transfer_safety <= 0:
+            return self.config.ack_timeout_s
+        size = sum(s.param_bytes for s in prof.segments[a.first:a.last + 1])
+        return self.config.ack_timeout_s + self.config.transfer_safety * 8 * size / device.downlink_bps
+
+    def _send_due(self, fleet: Fleet, now: float) -> list[Command]:
         out: list[Command] = []
         for a in sorted(self.assignments.values(), key=lambda a: a.key):
             if a.phase is Phase.PENDING and now >= a.next_try:
                 a.phase = Phase.DEPLOYING
                 a.command_id = self._cmd_id()
-                a.deadline = now + self.config.ack_timeout_s
+                a.ack_window_s = self._ack_window(a, fleet)
+                a.deadline = now + a.ack_window_s
                 self._by_command[a.command_id] = a.key
                 self._first_sent.setdefault(a.key, now)
                 self.counters["deploys"] += 1

@@ -168,7 +168,7 @@ def _dominator_lists(table: DeviceTable, objective: str, profile: ChainProfile |
         ("dominators", objective, id(profile))
     hit = table.cache.get(key)
     if hit is not None and (T is None or hit[2] is profile):
-        return hit[0], hit[1]  # type: ignore[no-any-return]
+        return hit[0], hit[1]
     V = _static_keys(table, objective, T)
     D = len(table)
     L = max(0, min(DOMINATOR_LIST, D - 1))
@@ -204,7 +204,7 @@ def _partition_memories(profile: ChainProfile) -> np.ndarray:
     pb = np.array([s.param_bytes for s in segs])
     act = np.array([s.activation_bytes for s in segs])
     cpb = np.concatenate(([0.0], np.cumsum(pb)))
-    MEM = cpb[None, 1:] - cpb[:-1, None]
+    MEM: np.ndarray = cpb[None, 1:] - cpb[:-1, None]
     peak = np.full((n, n), -INF)
     for i in range(n):
         peak[i, i:] = np.maximum.accumulate(act[i:])
@@ -218,7 +218,7 @@ class _ProfileArrays:
     """Per-profile arrays (flops and memory of every partition), shared by every solve."""
 
     fl: np.ndarray    # flops per segment
-    out: np.ndarray   # out_bytes per segment
+    out: np.ndarray   # bytes each segment's output puts on a link (cut_bytes: the cut's wire)
     FL: np.ndarray    # FL[i, j] = flops of segments i..j
     MEM: np.ndarray   # MEM[i, j] = memory of segments i..j, INF below the diagonal
     mems: np.ndarray  # every partition memory, sorted, unique
@@ -241,7 +241,8 @@ class _ProfileArrays:
         fl = np.array([s.flops for s in segs])
         cfl = np.concatenate(([0.0], np.cumsum(fl)))
         MEM = _partition_memories(profile)
-        hit = cls(fl, np.array([s.out_bytes for s in segs]), cfl[None, 1:] - cfl[:-1, None],
+        hit = cls(fl, np.array([profile.cut_bytes(i) for i in range(n)]),
+                  cfl[None, 1:] - cfl[:-1, None],
                   MEM, np.unique(MEM[np.isfinite(MEM)]), np.tri(n, k=-1, dtype=bool),
                   min_segment_memory(profile), _segment_seconds(table, profile, fl))
         table.cache[key] = (profile, hit)
@@ -263,7 +264,7 @@ def _segment_seconds(table: DeviceTable, profile: ChainProfile, fl: np.ndarray
             cols[z] = hit
     if not cols:
         return None
-    T = fl[:, None] / table.flops[None, :]
+    T: np.ndarray = fl[:, None] / table.flops[None, :]
     for z, secs in cols.items():
         T[:, z] = secs
     return T
@@ -274,7 +275,8 @@ def _compute_cost(pa: _ProfileArrays, table: DeviceTable, idx: np.ndarray, laten
     """Per segment (rows) and device ``idx`` (columns): compute seconds, or joules."""
     if pa.T is None:
         coef = 1.0 / table.flops[idx] if latency else table.pact[idx] / table.flops[idx]
-        return pa.fl[:, None] * coef[None, :]
+        out: np.ndarray = pa.fl[:, None] * coef[None, :]
+        return out
     return pa.T[:, idx] if latency else pa.T[:, idx] * table.pact[idx][None, :]
 
 
@@ -286,7 +288,6 @@ def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_
     A candidate is dropped when at least ``max_chain`` other candidates dominate it (module
     docstring); ``always`` (the source and the sink) are never dropped.
     """
-    D = len(table)
     dom, weak = _dominator_lists(table, objective, profile)
     if max_chain > dom.shape[1] or not candidate.any():
         return candidate.copy()
@@ -297,7 +298,7 @@ def kept_devices(table: DeviceTable, profile: ChainProfile, objective: str, max_
     qa = qx[dom]
     qd = q[:, None]
     ok = (qa > qd) | ((qa == qd) & ~weak)
-    keep = candidate & (np.count_nonzero(ok, axis=1) < max_chain)
+    keep: np.ndarray = candidate & (np.count_nonzero(ok, axis=1) < max_chain)
     for i in always:
         keep[i] = candidate[i]
     return keep
@@ -461,7 +462,7 @@ class _Problem:
     def _pair(self, b: float, z: np.ndarray) -> np.ndarray:
         """transfer(a, z_k) for every a (rows k); the a == z_k entry is set to INF."""
         if self.latency:
-            t = (self.rh[None, :] + self.rh[z][:, None]
+            t: np.ndarray = (self.rh[None, :] + self.rh[z][:, None]
                  + (8.0 * b) * np.maximum(1.0 / self.up_c[None, :], self.w[z][:, None]))
         else:
             t = b * self.tx[None, :] + b * self.rx[z][:, None]
@@ -478,7 +479,8 @@ class _Problem:
             h[rows, a1] = INF
             v2 = h.min(axis=1)
             self_ = self.ar[None, :] == a1[:, None]
-            return np.where(self_, v2[:, None], v1[:, None]) + b * self.rx
+            out: np.ndarray = np.where(self_, v2[:, None], v1[:, None]) + b * self.rx
+            return out
         val = self._sweep(G, b)
         # d can only be its own argmin when its "self transfer" ties the minimum (up to rounding,
         # hence the slack): recompute those few exactly without d.
@@ -512,7 +514,7 @@ class _Problem:
                 C[:, emax + 1:, z] = INF
         a0, e = self.a0, self.e
         if cap is not None:
-            C[C > cap] = INF
+            C[cap < C] = INF
             a0 = np.where(self.a0s <= cap, a0, INF)
             e = np.where(self.es <= cap, e, INF)
         A = np.full((n, K, m), INF)
@@ -575,7 +577,7 @@ class _Problem:
 def _repeat(parts: list[tuple[int, int, int]]) -> tuple[int, int] | None:
     """A device used twice and the first segment after its first partition, or None."""
     seen: dict[int, int] = {}
-    for first, last, z in parts:
+    for _first, last, z in parts:
         if z in seen:
             return z, seen[z]
         seen[z] = last + 1
@@ -697,8 +699,8 @@ def _throughput(pb: _Problem, max_latency_s: float | None, node_limit: int
 def _bottleneck(pb: _Problem, parts: list[tuple[int, int, int]]) -> float:
     """The slowest stage of a chain (candidate indices), as ``relaxed`` caps them."""
     worst = max(float(pb.a0s[parts[0][2]]), float(pb.es[parts[-1][2]]))
-    for k, (f, l, d) in enumerate(parts):
-        worst = max(worst, float(pb.C[f, l, d]))
+    for k, (f, last, d) in enumerate(parts):
+        worst = max(worst, float(pb.C[f, last, d]))
         if k:
             prev = parts[k - 1][2]
             worst = max(worst, float((8.0 * float(pb.out[f - 1])) * max(pb.u[prev], pb.w[d])))
@@ -751,5 +753,5 @@ def solve_chain(table: DeviceTable, profile: ChainProfile, source: int, sink: in
     if got is None:
         return None
     value, parts, exact, nodes = got
-    return ChainSolution(tuple((f, l, int(pb.cand[z])) for f, l, z in parts), value,
+    return ChainSolution(tuple((f, last, int(pb.cand[z])) for f, last, z in parts), value,
                          exact, nodes)

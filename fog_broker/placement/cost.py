@@ -80,7 +80,6 @@ def stage_times(profile: ChainProfile, parts: Sequence[PartitionPlacement],
     link a frame crosses, the input's and the output's included (``"link <a>-><z>"``,
     ``link_time``); links inside one device are free and omitted.
     """
-    segs = profile.segments
     out: list[tuple[str, float]] = []
     prev = devices[source]
     nbytes = profile.input_bytes
@@ -89,7 +88,7 @@ def stage_times(profile: ChainProfile, parts: Sequence[PartitionPlacement],
         if prev.id != d.id:
             out.append((f"link {prev.id}->{d.id}", link_time(nbytes, prev, d)))
         out.append((f"compute {d.id}", profile.compute_s(p.first, p.last, d)))
-        nbytes = segs[p.last].out_bytes
+        nbytes = profile.cut_bytes(p.last)
         prev = d
     if prev.id != sink:
         out.append((f"link {prev.id}->{sink}", link_time(nbytes, prev, devices[sink])))
@@ -99,7 +98,6 @@ def stage_times(profile: ChainProfile, parts: Sequence[PartitionPlacement],
 def chain_cost(profile: ChainProfile, parts: Sequence[PartitionPlacement],
                devices: dict[str, Device], source: str, sink: str) -> ChainCost:
     """Latency, energy and bottleneck of ``parts`` (in chain order) from ``source`` to ``sink``."""
-    segs = profile.segments
     src, dst = devices[source], devices[sink]
     prev = src
     nbytes = profile.input_bytes
@@ -110,8 +108,9 @@ def chain_cost(profile: ChainProfile, parts: Sequence[PartitionPlacement],
         en += transfer_energy(nbytes, prev, d)
         t = profile.compute_s(p.first, p.last, d)  # measured where reported, else FLOPs
         lat += t
-        en += d.power_active_w * t
-        nbytes = segs[p.last].out_bytes
+        # Zero power draws nothing however long it runs (the optimiser's P/F * FLOPs agrees).
+        en += d.power_active_w * t if d.power_active_w > 0 else 0.0
+        nbytes = profile.cut_bytes(p.last)  # on the cut's wire; the answer float32
         prev = d
     lat += transfer_time(nbytes, prev, dst)
     en += transfer_energy(nbytes, prev, dst)

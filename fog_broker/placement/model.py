@@ -8,10 +8,11 @@ The JSON shapes are those of ``COST_MODEL.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from runtime.chain_profile import segment_dict
 from runtime.devices import RESOURCE_RANGES, DeviceResources
 from runtime.errors import RemoteViolation
 
@@ -336,7 +337,7 @@ class Fleet:
     devices: tuple[Device, ...]
     index: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
     #: Derived data of this immutable snapshot (e.g. numpy columns), built on first use.
-    cache: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    cache: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         idx: dict[str, int] = {}
@@ -383,8 +384,7 @@ class Segment:
                    _num(_req(d, "out_bytes", where), f"{where}.out_bytes"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "flops": self.flops, "param_bytes": self.param_bytes,
-                "activation_bytes": self.activation_bytes, "out_bytes": self.out_bytes}
+        return segment_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,10 +397,15 @@ class ChainProfile:
     #: Measured seconds per segment, keyed by device id or device class; they replace
     #: ``flops / device.flops`` on the devices they name (COST_MODEL.md).
     segment_times: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    #: Bytes on the wire per float32 byte at each cut (the answer stays float32): 0.5 when the
+    #: cuts travel as float16, 0.25 as int8 (``Workload.cut_wire``). Transfers are charged so.
+    wire_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.segments:
             raise SpecError(f"profile '{self.model}': no segments")
+        if not 0 < self.wire_ratio <= 1:
+            raise SpecError(f"profile '{self.model}': wire_ratio must be in (0, 1]")
         for key, times in self.segment_times:
             if len(times) != len(self.segments) or any(
                     not (t >= 0 and math.isfinite(t)) for t in times):
@@ -417,6 +422,11 @@ class ChainProfile:
             hit = table.get(device.device_class)
         return hit
 
+    def cut_bytes(self, i: int) -> float:
+        """Bytes segment ``i``'s output puts on a link: on the cuts' wire; the answer float32."""
+        b = self.segments[i].out_bytes
+        return b if i == len(self.segments) - 1 else b * self.wire_ratio
+
     def compute_s(self, first: int, last: int, device: Device) -> float:
         """Compute time of segments ``first..last`` on ``device``: measured, else FLOPs."""
         times = self.times_for(device)
@@ -431,7 +441,7 @@ class ChainProfile:
         merged = dict(self.segment_times)
         merged.update((str(k), tuple(float(t) for t in v)) for k, v in items)
         return ChainProfile(self.model, self.input_bytes, self.segments,
-                            tuple(sorted(merged.items())))
+                            tuple(sorted(merged.items())), self.wire_ratio)
 
     def memory_of(self, first: int, last: int) -> float:
         """``param_bytes(p) + peak_activation_bytes(p)`` for segments ``first..last`` inclusive."""
@@ -460,11 +470,11 @@ class ChainProfile:
         try:
             return cls.from_dict({
                 "model": str(getattr(obj, "model", "model")),
-                "input_bytes": getattr(obj, "input_bytes"),
+                "input_bytes": obj.input_bytes,
                 "segments": [s if isinstance(s, Mapping) else {
                     "name": str(getattr(s, "name", f"s{i}")), "flops": s.flops,
                     "param_bytes": s.param_bytes, "activation_bytes": s.activation_bytes,
-                    "out_bytes": s.out_bytes} for i, s in enumerate(getattr(obj, "segments"))],
+                    "out_bytes": s.out_bytes} for i, s in enumerate(obj.segments)],
             })
         except AttributeError as exc:
             raise SpecError(f"not a chain profile: {exc}") from exc
@@ -490,6 +500,10 @@ class Quota:
 
     def to_dict(self) -> dict[str, Any]:
         return {"memory_bytes": self.memory_bytes}
+
+
+#: Wire bytes per float32 byte (``runtime.activations``; int8's scales are a few bytes a channel).
+_WIRE_RATIO = {"float32": 1.0, "float16": 0.5, "int8": 0.25}
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +550,18 @@ class Workload:
             profile = profile.with_times(self.segment_times)
         return replace(self, profile=profile)
 
+    @property
+    def cut_wire(self) -> str:
+        """The wire the scheduler charges at the cuts, before the fog's calibration picks one
+        (``fog_broker.wires``): int8 under a top-1 bound or a relative error bound >= 1e-2,
+        float16 under one >= 2**-11 (float16's rounding), else float32."""
+        err, top1 = self.max_activation_error, self.min_top1_agreement
+        if err is not None and err < 2.0 ** -11:
+            return "float32"
+        if top1 is not None or (err is not None and err >= 1e-2):
+            return "int8"
+        return "float16" if err is not None else "float32"
+
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "energy", "throughput"):
             raise SpecError(f"workload {self.name}: objective must be 'latency', 'energy' or "
@@ -572,6 +598,10 @@ class Workload:
                             f"'{self.profile.model}'")
         if self.profile is None and self.model is None:
             raise SpecError(f"workload {self.name}: needs exactly one of 'model' or 'profile'")
+        ratio = _WIRE_RATIO[self.cut_wire]
+        if self.profile is not None and self.profile.wire_ratio != ratio:
+            from dataclasses import replace  # frozen: the profile charges this workload's wire
+            object.__setattr__(self, "profile", replace(self.profile, wire_ratio=ratio))
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "workload") -> Workload:

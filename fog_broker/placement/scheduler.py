@@ -1,10 +1,11 @@
 """Placement of several workloads: keep what runs, priority order, gang, quota, preemption.
 
 Pipeline per workload (Kubernetes framework vocabulary): pre-filter (endpoints,
-profile, quota), filter (alive, selector, taints, energy floor, memory), score
-(the workload's objective under the reference model, optimised exactly per chain
-by ``chain.solve_chain``), permit (gang: every replica or nothing), post-filter
-(preemption of the fewest lowest-priority workloads).
+profile, quota), filter (the registered list ``plugins.filters``, each by its numpy
+``batch``), score (``plugins.SCORE``: the workload's objective under the reference
+model, optimised exactly per chain by its batch, ``chain.solve_chain``), permit (gang:
+every replica or nothing), post-filter (preemption of the fewest lowest-priority
+workloads). Why a workload is pending is each filter's own sentence.
 
 Replicas: the primary chain is placed optimally; each further replica is placed
 optimally on the devices whose power domain no earlier replica uses (stricter
@@ -13,14 +14,13 @@ than per-partition anti-affinity, so it holds whatever the replicas' cuts are).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import explain
-from .chain import DeviceTable, min_segment_memory, solve_chain
+from .chain import DeviceTable, min_segment_memory
 from .cost import chain_cost
 from .metrics import site_metrics
 from .model import (
@@ -36,26 +36,14 @@ from .model import (
     WorkloadResult,
 )
 from .plugins import (
-    BATTERY_LOW,
-    DOMAIN_TAKEN,
-    INSUFFICIENT_MEMORY,
-    NO_PROVIDER,
-    NOT_ALIVE,
-    SELECTOR_MISMATCH,
-    THROTTLED,
-    UNTOLERATED_TAINT,
-    UNVERIFIED,
-    Alive,
-    EnergyFloor,
+    SCORE,
+    Context,
+    Filter,
     GangPermit,
-    NodeSelector,
-    NodeView,
-    NotThrottled,
-    ProviderFit,
     QuotaCheck,
-    TaintToleration,
-    VerifiedLead,
-    first_failure,
+    filters,
+    first_failures,
+    pending_reasons,
 )
 
 __all__ = ["SchedulerConfig", "schedule"]
@@ -88,9 +76,7 @@ class _Placed:
     @property
     def objective(self) -> float:
         r = self.replicas[0]
-        if self.workload.objective == "throughput":
-            return r.bottleneck_s
-        return r.energy_j if self.workload.objective == "energy" else r.latency_s
+        return SCORE.score(self.workload, r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,54 +110,51 @@ class _State:
         self.tenant_used[p.workload.tenant] -= p.memory
         return p
 
-    def static(self, w: Workload) -> tuple[np.ndarray, list[str | None]]:
-        """Mask of devices passing the spec-only filters, and each device's first failed phrase.
+    def masks(self, w: Workload, fs: Sequence[Filter], free: np.ndarray,
+              cached_only: bool = False) -> list[np.ndarray]:
+        """Each filter's ``batch`` verdict over the snapshot (the fast path).
 
-        The verdicts depend only on the immutable fleet snapshot, the workload's selectors and
-        tolerations and the battery floor, so they live in ``fleet.cache``: shared by replicas,
-        workloads with the same spec, and every reconcile on the same snapshot.
+        A verdict that depends only on the immutable snapshot and the filter's ``key`` (the
+        workload's spec, a knob) lives in ``fleet.cache``: shared by replicas, workloads with the
+        same spec, and every reconcile on the same snapshot. ``cached_only``: just those.
         """
-        key = ("static", w.selectors, w.tolerations, self.cfg.battery_floor, w.providers)
-        hit = self.fleet.cache.get(key)
-        if hit is None:
-            filters = (Alive(), NodeSelector(), TaintToleration(), ProviderFit(),
-                       EnergyFloor(self.cfg.battery_floor), NotThrottled())
-            phrases: list[str | None] = []
-            sel, floor = w.selectors, self.cfg.battery_floor
-            for d in self.fleet.devices:
-                # Fast path for the common device that plainly passes every filter below.
-                if d.alive and not d.taints and not d.throttled \
-                        and (d.battery is None or d.battery.level >= floor) \
-                        and (not sel or all(item in d.labels for item in sel)) \
-                        and not w.providers:
-                    phrases.append(None)
-                    continue
-                st = first_failure(filters, w, NodeView(d, d.memory_bytes))
-                phrases.append(None if st.ok else st.reasons[0])
-            mask = np.array([p is None for p in phrases], dtype=bool)
-            mask.setflags(write=False)
-            hit = (mask, phrases)
-            self.fleet.cache[key] = hit
-        return hit  # type: ignore[no-any-return]
+        out = []
+        cache = self.fleet.cache
+        for f in fs:
+            k = f.key(w)
+            if k is None:
+                if not cached_only:
+                    out.append(f.batch(w, self.fleet, free))
+                continue
+            ck = ("mask", f.name, k)
+            hit = cache.get(ck)
+            if hit is None:
+                hit = cache[ck] = f.batch(w, self.fleet, free)
+                hit.setflags(write=False)
+            out.append(hit)
+        return out
 
-    def lead(self) -> np.ndarray:
-        """Devices that may hold a first (or only) replica: ``VerifiedLead``, cached per snapshot."""
-        hit: np.ndarray | None = self.fleet.cache.get("lead")
-        if hit is None:
-            hit = VerifiedLead().mask(self.fleet.devices)
-            hit.setflags(write=False)
-            self.fleet.cache["lead"] = hit
-        return hit
+    def static(self, w: Workload, fs: Sequence[Filter],
+               keys: Sequence[Hashable | None] | None = None) -> np.ndarray:
+        """The devices every cacheable filter passes (their conjunction, cached as well).
 
-    def domains(self) -> tuple[np.ndarray, dict[str, int]]:
-        """Each device's power domain as a small integer code (cached per snapshot)."""
-        hit = self.fleet.cache.get("domains")
-        if hit is None:
-            codes: dict[str, int] = {}
-            arr = np.array([codes.setdefault(d.power_domain, len(codes))
-                            for d in self.fleet.devices], dtype=np.intp)
-            hit = self.fleet.cache["domains"] = (arr, codes)
-        return hit  # type: ignore[no-any-return]
+        ``keys``: each filter's ``key(w)``, when the caller has them already."""
+        ck = ("static", tuple(f.key(w) for f in fs) if keys is None else tuple(keys))
+        ok: np.ndarray | None = self.fleet.cache.get(ck)
+        if ok is None:
+            ok = np.logical_and.reduce(self.masks(w, fs, self.free, cached_only=True))
+            ok.setflags(write=False)
+            self.fleet.cache[ck] = ok
+        return ok
+
+    def eligible(self, w: Workload, fs: Sequence[Filter], free: np.ndarray) -> np.ndarray:
+        """The devices every filter passes: the static verdicts and those of the plan so far."""
+        keys = [f.key(w) for f in fs]
+        ok = self.static(w, fs, keys)
+        for f, k in zip(fs, keys):
+            if k is None:
+                ok = ok & f.batch(w, self.fleet, free)
+        return ok
 
 
 def _profile_memory(w: Workload) -> float:
@@ -182,7 +165,7 @@ def _profile_memory(w: Workload) -> float:
 def _replica(w: Workload, st: _State, parts: Sequence[tuple[int, int, int]]) -> ReplicaPlacement:
     assert w.profile is not None
     ids = st.table.ids
-    pp = tuple(PartitionPlacement(f, l, ids[z]) for f, l, z in parts)
+    pp = tuple(PartitionPlacement(f, last, ids[z]) for f, last, z in parts)
     devs = {ids[z]: st.fleet.devices[z] for _, _, z in parts}
     devs[w.source] = st.fleet.devices[st.fleet.index[w.source]]
     devs[w.sink] = st.fleet.devices[st.fleet.index[w.sink]]
@@ -198,7 +181,6 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
     """
     fleet = st.fleet
     reasons: dict[str, str] = {}
-    detail: dict[str, Any] = {}
     if w.profile is None:
         return _Failure((("model", f"model '{w.model}' has no chain profile (not loaded)"),),
                         (("model", w.model),), False)
@@ -212,20 +194,19 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
     min_total = _profile_memory(w) * w.replicas
     quota = st.quotas.get(w.tenant)
     used = st.tenant_used.get(w.tenant, 0.0)
-    qs = QuotaCheck().check(min_total, used, quota)
+    qs = QuotaCheck().check(w.tenant, min_total, used, quota)
     if not qs.ok:
         # Report every failed gate: also say whether it would fit the devices at all.
         assert quota is not None
         left = quota.memory_bytes - used
         qfail = _Failure(
-            (("quota", explain.quota_sentence(w.tenant, min_total, left)),),
+            (("quota", qs.reasons[0]),),
             (("tenant", w.tenant), ("quota_asked_bytes", min_total),
              ("quota_left_bytes", left)), False)
         fit = _attempt(w, _State(st.fleet, st.table, st.free, {}, st.cfg, {}, {}))
         if isinstance(fit, _Failure):
             return _Failure(qfail.reasons + fit.reasons, qfail.detail + fit.detail, False)
         return qfail
-    mask, phrases = st.static(w)
     min_seg = min_segment_memory(profile)
     src, snk = fleet.index[w.source], fleet.index[w.sink]
     scratch = st.free.copy()
@@ -233,35 +214,25 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
     taken: set[str] = set()
     replicas: list[ReplicaPlacement] = []
     usage: list[tuple[int, float]] = []
-    dom_codes, dom_index = st.domains() if w.replicas > 1 else (None, {})
     for r in range(w.replicas):
-        if taken:
-            assert dom_codes is not None
-            domain_ok = ~np.isin(dom_codes, [dom_index[t] for t in taken])
-        else:
-            domain_ok = np.ones(len(fleet.devices), dtype=bool)
-        if r == 0:  # the first (or only) replica: no device whose capacity claim is flagged
-            domain_ok = domain_ok & st.lead()
-        eligible = mask & domain_ok
-        sol = solve_chain(st.table, profile, src, snk, objective=w.objective,
-                          max_partitions=w.max_partitions, min_partitions=w.min_partitions,
-                          free=scratch, eligible=eligible, node_limit=st.cfg.bnb_node_limit,
-                          max_latency_s=w.max_latency_s)
+        fs = filters(Context(st.cfg.battery_floor, r, frozenset(taken), min_seg))
+        eligible = st.eligible(w, fs, scratch)
+        limit = st.cfg.bnb_node_limit
+        sol = SCORE.batch(w, st.table, src, snk, free=scratch, eligible=eligible,
+                          node_limit=limit)
         if sol is None:
             gang.unreserve()
             if w.max_latency_s is not None:  # is the bound what no chain meets?
-                fast = solve_chain(st.table, profile, src, snk, objective="latency",
-                                   max_partitions=w.max_partitions,
-                                   min_partitions=w.min_partitions, free=scratch,
-                                   eligible=eligible, node_limit=st.cfg.bnb_node_limit)
+                fast = SCORE.batch(w, st.table, src, snk, free=scratch, eligible=eligible,
+                                   node_limit=limit, objective="latency", bounded=False)
                 if fast is not None:
                     return _Failure(
                         (("latency", f"no chain meets max_latency_s {w.max_latency_s:g} s: "
                                      f"the fastest takes {fast.value:.4g} s"),),
                         (("max_latency_s", w.max_latency_s), ("fastest_s", fast.value)), False)
-            return _fit_failure(w, st, r, mask, phrases, domain_ok, scratch, min_seg)
-        for f, l, z in sol.parts:
-            b = profile.memory_of(f, l)
+            return _fit_failure(w, r, fs, st.masks(w, fs, scratch), scratch)
+        for f, last, z in sol.parts:
+            b = profile.memory_of(f, last)
             gang.reserve(z, b)
             usage.append((z, b))
             taken.add(fleet.devices[z].power_domain)
@@ -270,81 +241,32 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
         gang.unreserve()
         raise AssertionError("gang permit after a full placement")
     asked = sum(b for _, b in usage)
-    if not QuotaCheck().check(asked, used, quota).ok:
+    qs = QuotaCheck().check(w.tenant, asked, used, quota)
+    if not qs.ok:
         assert quota is not None
         gang.unreserve()
         left = quota.memory_bytes - used
         return _Failure(
-            (("quota", explain.quota_sentence(w.tenant, asked, left)),),
+            (("quota", qs.reasons[0]),),
             (("tenant", w.tenant), ("quota_asked_bytes", asked), ("quota_left_bytes", left)),
             False)
     gang.unreserve()  # the caller commits the placement against the real state
     return _Placed(w, tuple(replicas), usage)
 
 
-def _fit_failure(w: Workload, st: _State, replica: int, mask: np.ndarray,
-                 phrases: list[str | None], domain_ok: np.ndarray, free: np.ndarray,
-                 min_seg: float) -> _Failure:
-    per_node: list[str] = []
-    fits = 0
-    for i, ph in enumerate(phrases):
-        if ph is not None:
-            per_node.append(ph)
-        elif not domain_ok[i]:
-            per_node.append(UNVERIFIED if replica == 0 else DOMAIN_TAKEN)
-        elif free[i] < min_seg:
-            per_node.append(INSUFFICIENT_MEMORY)
-        else:
-            fits += 1
-    hist = explain.histogram(per_node)
-    total = len(phrases)
-    elig = mask & domain_ok
-    efree = free[elig]
+def _fit_failure(w: Workload, replica: int, fs: Sequence[Filter], masks: Sequence[np.ndarray],
+                 free: np.ndarray) -> _Failure:
+    """Why no chain was found for ``replica``: each filter's sentence, and the numbers."""
+    reasons, t = pending_reasons(fs, w, first_failures(masks), free, replica)
     need = _profile_memory(w)
+    efree = t.free_eligible
     largest = float(efree.max()) if len(efree) else 0.0
     total_free = float(efree.sum()) if len(efree) else 0.0
-    reasons: dict[str, str] = {}
-    counts = dict(hist)
-    alive = total - counts.get(NOT_ALIVE, 0)
-    # One reason per filter gate that rejected devices, worded for the person who can act.
-    if counts.get(NOT_ALIVE):
-        reasons["alive"] = f"{counts[NOT_ALIVE]} of {total} devices not alive"
-    if counts.get(SELECTOR_MISMATCH):
-        sel = ",".join(f"{k}={v}" for k, v in w.selectors)
-        if counts[SELECTOR_MISMATCH] >= alive:
-            reasons["selector"] = f"no alive device matches selector {sel}"
-        else:
-            reasons["selector"] = f"{counts[SELECTOR_MISMATCH]} devices do not match selector {sel}"
-    if counts.get(UNTOLERATED_TAINT):
-        reasons["taint"] = (f"{counts[UNTOLERATED_TAINT]} devices have a taint the workload "
-                            f"does not tolerate")
-    if counts.get(NO_PROVIDER):
-        reasons["providers"] = (f"{counts[NO_PROVIDER]} devices offer none of the execution "
-                                f"providers {','.join(w.providers)}")
-    if counts.get(BATTERY_LOW):
-        reasons["energy"] = (f"{counts[BATTERY_LOW]} devices on battery below "
-                             f"{st.cfg.battery_floor:.0%} and not charging")
-    if counts.get(THROTTLED):
-        reasons["throttled"] = (f"{counts[THROTTLED]} devices report thermal throttling and "
-                                f"take no partition until they stop")
-    if counts.get(UNVERIFIED):
-        reasons["verified"] = (f"{counts[UNVERIFIED]} devices have flagged capacity claims and "
-                               f"hold no first replica")
-    if replica > 0:
-        reasons["anti-affinity"] = (f"replica {replica + 1} of {w.replicas}: no chain on power "
-                                    f"domains unused by the other replicas")
-    summary = explain.fit_summary(total, fits, hist)
-    sentence = explain.memory_sentence(need, largest, total_free, fits)
-    if w.min_partitions > 1:
-        sentence += f" (min_partitions {w.min_partitions})"
-    if w.max_partitions is not None:
-        sentence += f" (max_partitions {w.max_partitions})"
-    reasons["fit"] = f"{summary}; {sentence}"
-    fragmented = fits > 0 and total_free >= need
-    detail = (("devices", total), ("devices_fit", fits), ("histogram", dict(hist)),
+    fragmented = t.fits > 0 and total_free >= need
+    detail = (("devices", t.total), ("devices_fit", t.fits), ("histogram", dict(t.hist)),
               ("replica", replica), ("need_bytes", need), ("largest_free_bytes", largest),
               ("total_free_bytes", total_free), ("fragmented", fragmented))
-    return _Failure(tuple(reasons.items()), detail, True)
+    return _Failure(reasons, detail, True)
 
 
 def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | None:
@@ -355,13 +277,15 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
         return None
     if w.source not in fleet.index or w.sink not in fleet.index:
         return None
-    mask, _ = st.static(w)
     n = len(prof.segments)
     usage: list[tuple[int, float]] = []
     domains: list[set[str]] = []
     reps: list[ReplicaPlacement] = []
-    lead = st.lead()
+    ok: dict[bool, np.ndarray] = {}  # the snapshot's verdicts, for the first replica and the rest
     for r, rep in enumerate(pl.replicas):
+        if (r > 0) not in ok:
+            ok[r > 0] = st.static(w, filters(Context(st.cfg.battery_floor, r)))
+        mask = ok[r > 0]
         nxt = 0
         seen: set[str] = set()
         ds: set[str] = set()
@@ -373,7 +297,7 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
         for p in rep.partitions:
             i = fleet.index.get(p.device)
             if i is None or not mask[i] or p.first != nxt or p.last < p.first or p.last >= n \
-                    or p.device in seen or (r == 0 and not lead[i]):
+                    or p.device in seen:
                 return None
             seen.add(p.device)
             ds.add(fleet.devices[i].power_domain)

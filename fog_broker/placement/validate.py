@@ -93,10 +93,10 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
                 labels = dict(d.labels)
                 if any(labels.get(k2) != v for k2, v in w.selectors):
                     errs.append(f"{where}: device {d.id} fails the selectors")
-                for t in d.taints:
-                    if t.effect in ("NoSchedule", "NoExecute") and not any(
-                            tol.key == t.key and tol.value in ("", t.value)
-                            and tol.effect in ("", t.effect) for tol in w.tolerations):
+                for taint in d.taints:
+                    if taint.effect in ("NoSchedule", "NoExecute") and not any(
+                            tol.key == taint.key and tol.value in ("", taint.value)
+                            and tol.effect in ("", taint.effect) for tol in w.tolerations):
                         errs.append(f"{where}: device {d.id} has an untolerated taint")
                 if d.battery is not None and not d.battery.charging \
                         and d.battery.level < battery_floor:
@@ -119,7 +119,7 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
                 else:
                     c = sum(s.flops for s in segs[p.first:p.last + 1]) / d.flops
                 lat += t + c
-                en += e + d.power_active_w * c
+                en += e + (d.power_active_w * c if d.power_active_w > 0 else 0.0)
                 b, prev = segs[p.last].out_bytes, d
             else:
                 if nxt != n:
@@ -143,8 +143,8 @@ def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],
     for did, u in used.items():
         if u > devs[did].memory_bytes * (1 + 1e-12):
             errs.append(f"device {did}: {u:.0f} bytes placed, {devs[did].memory_bytes:.0f} available")
-    for t, u in tenant.items():
-        q = (quotas or {}).get(t)
+    for name, u in tenant.items():
+        q = (quotas or {}).get(name)
         if q is not None and u > q.memory_bytes * (1 + 1e-12):
-            errs.append(f"tenant {t}: {u:.0f} bytes placed over quota {q.memory_bytes:.0f}")
+            errs.append(f"tenant {name}: {u:.0f} bytes placed over quota {q.memory_bytes:.0f}")
     return errs

@@ -13,7 +13,6 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
 
 from runtime.devices import RESOURCE_RANGES
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
@@ -80,7 +79,7 @@ TRANSITIONS: dict[tuple[DeviceStatus, type], tuple[DeviceStatus, _Action]] = {
 }
 del S, A
 
-Advert = Union[DeviceBirth, DeviceState, DeviceDeath]
+Advert = DeviceBirth | DeviceState | DeviceDeath
 
 
 # ------------------------------------------------------------------ commands
@@ -123,7 +122,7 @@ class ThrottleChanged:
     throttled: bool
 
 
-Command = Union[RequestRebirth, DeviceJoined, DeviceLost, ThrottleChanged]
+Command = RequestRebirth | DeviceJoined | DeviceLost | ThrottleChanged
 
 
 # ------------------------------------------------------------------ records

@@ -152,7 +152,7 @@ def test_nnm_mixes_nearest_neighbours() -> None:
     for i in range(9):
         nbrs = np.argsort(dist[i], kind="stable")[: 9 - f]
         np.testing.assert_allclose(mixed.updates[i], x[nbrs].mean(axis=0), rtol=1e-12)
-        assert set(mixed.groups[i]) == set(int(j) for j in nbrs)
+        assert set(mixed.groups[i]) == {int(j) for j in nbrs}
 
 
 def test_bucketing_is_a_partition_into_bucket_means() -> None:
@@ -363,8 +363,8 @@ def test_centered_clipping_quantile_option() -> None:
 # --------------------------------------------------------------------------- selection property
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings  # noqa: E402 - after the importorskip above
+from hypothesis import strategies as st  # noqa: E402 - after the importorskip above
 
 
 def _ref_select(dist: np.ndarray, f: int, m: int) -> tuple[set[int], float]:

@@ -348,7 +348,8 @@ def test_site_view_reads_a_fog_status() -> None:
 
 @pytest.mark.parametrize("want,got,why", [
     ({"y": np.ones((1, 3), np.float32)}, {"y": np.ones((1, 3), np.float32) + 1e-7}, ""),
-    ({"y": np.ones((1, 3), np.float32)}, {"y": np.ones((1, 3), np.float32) + 1e-2}, "output 'y' differs (max |err| 0.01)"),
+    ({"y": np.ones((1, 3), np.float32)}, {"y": np.ones((1, 3), np.float32) + 1e-2},
+     "output 'y' differs (max |err| 0.01)"),
     ({"y": np.ones((1, 3), np.float32)}, {}, "output 'y' missing"),
     ({"y": np.ones((1, 3), np.float32)}, {"y": np.ones((3,), np.float32)}, "output 'y' has shape [3], not [1, 3]"),
     ({"k": np.array([1, 2])}, {"k": np.array([1, 3])}, "output 'k' differs"),

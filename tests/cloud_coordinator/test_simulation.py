@@ -15,7 +15,8 @@ from flwr.simulation import run_simulation
 
 from cloud_coordinator import RobustStrategy
 from edge_agent.flower_client import simulated_faults
-from models.train import SoftmaxRegression, load_digits_split
+from models.digits import load_digits_split
+from models.train import SoftmaxRegression
 
 pytestmark = pytest.mark.slow
 N, BYZANTINE, ROUNDS = 50, 5, 3

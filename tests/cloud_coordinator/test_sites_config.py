@@ -120,7 +120,7 @@ def test_sites_toml(tmp_path: Path, three: dict[str, Path]) -> None:
     f.parent.mkdir()
     f.write_text('[rollout]\nserve_timeout_s = 9\n\n'
                  '[sites.north]\ncredentials = "../a"\ncanary = true\n\n'
-                 '[sites.south]\ncredentials = "%s"\nmqtt = "127.0.0.1:9999"\norder = 2\n' % three["b"])
+                 f'[sites.south]\ncredentials = "{three["b"]}"\nmqtt = "127.0.0.1:9999"\norder = 2\n')
     specs, rollout = load_sites_toml(f)
     assert [(s.name, s.credentials, s.mqtt, s.canary, s.order) for s in specs] == [
         ("north", str(three["a"]), "", True, None), ("south", str(three["b"]), "127.0.0.1:9999", False, 2)]

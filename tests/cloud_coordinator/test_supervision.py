@@ -158,7 +158,7 @@ def test_stalls_are_bounded_and_the_last_one_says_why() -> None:
 
 
 def test_a_stall_counts_against_max_restarts_too() -> None:
-    s, acts = step(State(phase=P.LIVE, run_id=1, restarts=5), E.STALLED, Limits(max_restarts=5),
+    s, _ = step(State(phase=P.LIVE, run_id=1, restarts=5), E.STALLED, Limits(max_restarts=5),
                    component=Component.SERVERAPP, reason="silent")
     assert s.phase is P.FAILED and s.reason == "silent; gave up after 5 restarts"
 

@@ -39,6 +39,8 @@ def _coordinator(work: Path, *argv: str) -> tuple[subprocess.CompletedProcess[st
     ("f=-1", "run config: "),
     ("fraction-evaluate=2.0", "run config: fraction-evaluate must be in [0, 1], got 2.0"),
     ("round-timeout=0.0", "run config: round-timeout must be > 0, got 0.0"),
+    ('selection="greedy"', "run config: selection must be one of battery-floor, cross-device, got 'greedy'"),
+    ("selection=3", "run config: selection must be a name, got 3"),
 ])
 def test_a_bad_run_config_fails_in_seconds_with_one_line_and_fatal_json(tmp_path: Path, run_config: str,
                                                                        why: str) -> None:

@@ -59,7 +59,7 @@ def test_unusable_fog_json_is_a_local_error(tmp_path: Path) -> None:
 class FakeRequest:
     """An Enrolment stand-in: answers from a script (a float: pending; None: approved; an exception)."""
 
-    def __init__(self, device_id: str, script: list[float | None | Exception]) -> None:
+    def __init__(self, device_id: str, script: list[float | Exception | None]) -> None:
         self.device_id = device_id
         self.script = script
         self.pending = False
@@ -108,7 +108,7 @@ def test_enrol_all_stops_at_the_first_refusal() -> None:
 
 
 def test_agent_without_a_pinned_fog_key_refuses_to_start(tmp_path: Path) -> None:
-    with pytest.raises(LocalViolation, match="not enrolled.*--token"):
+    with pytest.raises(LocalViolation, match=r"not enrolled.*--token"):
         Agent(AgentConfig("dev-x", tmp_path / "x"), probe=None)  # type: ignore[arg-type]
     assert not (tmp_path / "x" / "fog.json").exists()
 

@@ -57,9 +57,9 @@ def brute_force(devs: list[Device], prof: ChainProfile, source: str, sink: str, 
             b = (0, *cuts, n)
             parts = [(b[i], b[i + 1] - 1) for i in range(k)]
             for perm in itertools.permutations(devs, k):
-                if any(prof.memory_of(f, l) > free[d.id] for (f, l), d in zip(parts, perm)):
+                if any(prof.memory_of(f, last) > free[d.id] for (f, last), d in zip(parts, perm)):
                     continue
-                pl = [PartitionPlacement(f, l, d.id) for (f, l), d in zip(parts, perm)]
+                pl = [PartitionPlacement(f, last, d.id) for (f, last), d in zip(parts, perm)]
                 cc = chain_cost(prof, pl, dm, source, sink)
                 if max_latency_s is not None and cc.latency_s > max_latency_s:
                     continue

@@ -23,7 +23,7 @@ def _check(devs, prof, src, snk, obj, K, free=None):  # type: ignore[no-untyped-
         assert sol is None
         return None
     assert sol is not None and sol.exact
-    pl = [PartitionPlacement(f, l, ids[z]) for f, l, z in sol.parts]
+    pl = [PartitionPlacement(f, last, ids[z]) for f, last, z in sol.parts]
     used = [p.device for p in pl]
     assert len(set(used)) == len(used), "chain revisits a device"
     assert all(prof.memory_of(p.first, p.last) <= (free or {}).get(p.device, devs[ids.index(

@@ -85,7 +85,7 @@ def test_deploy_ack_running_and_chains() -> None:
 
 
 def test_no_ack_retries_with_backoff_then_moves() -> None:
-    cfg = ControllerConfig(ack_timeout_s=1.0, backoff_s=0.5, max_attempts=3)
+    cfg = ControllerConfig(ack_timeout_s=1.0, backoff_s=0.5, max_attempts=3, transfer_safety=0.0)
     c = Controller(schedule, cfg)
     c.set_workload(workload(), 1)
     f = fleet(SRC, dev("a"), dev("b", flops=1e9))
@@ -162,6 +162,11 @@ def test_replica_promotion_is_immediate_and_count_is_restored() -> None:
     assert [r for r, _ in c.chains("w")] == [0, 1]
 
 
+def _ready(c: Controller) -> bool:
+    """A call, so mypy does not narrow ``ready`` across the passes that change it."""
+    return c.ready
+
+
 def test_restart_adopts_running_partitions_without_redeploying() -> None:
     c1 = Controller(schedule)
     c1.set_workload(workload(), 1)
@@ -177,7 +182,7 @@ def test_restart_adopts_running_partitions_without_redeploying() -> None:
     c2.start_after_restart(100.0, stored)
     assert c2.reconcile(f, {}, 100.1) == []  # nobody heard yet: wait
     partial = {k: v for k, v in reported.items() if k != "src"}
-    assert c2.reconcile(f, partial, 100.2) == [] and not c2.ready  # the source is not heard yet
+    assert c2.reconcile(f, partial, 100.2) == [] and not _ready(c2)  # the source is not heard yet
     cmds = c2.reconcile(f, reported, 100.5)
     assert deploys(cmds) == [] and undeploys(cmds) == []
     assert c2.ready and len(c2.chains("w")) == 1
@@ -286,7 +291,7 @@ def test_a_serving_workload_is_not_dropped_when_it_cannot_be_planned() -> None:
 
 
 def test_next_deadline_tracks_retries_and_startup() -> None:
-    c = Controller(schedule, ControllerConfig(ack_timeout_s=2.0))
+    c = Controller(schedule, ControllerConfig(ack_timeout_s=2.0, transfer_safety=0.0))
     c.set_workload(workload(), 1)
     c.reconcile(fleet(SRC, dev("a")), {}, 0.0)
     assert c.next_deadline() == 2.0
@@ -333,3 +338,41 @@ def test_a_replanned_key_on_the_same_device_ignores_reports_of_the_old_partition
     new_report = {old.device: (PartitionStatus(*old.key, sha256="2" * 64, health="running"),), "src": ()}
     c.reconcile(f, new_report, 11.0)
     assert c.assignments[old.key].phase is Phase.RUNNING
+
+
+def _phases(c: Controller) -> list[Phase]:
+    """A call, so mypy does not narrow a phase across the passes that change it."""
+    return [a.phase for a in c.assignments.values()]
+
+
+def _slow_site() -> tuple[Controller, Fleet]:
+    """One 10 MB partition for a device that advertises a 1 Mbit/s downlink (80 s to send)."""
+    c = Controller(schedule, ControllerConfig(ack_timeout_s=5.0, backoff_s=0.5, max_attempts=2))
+    c.set_workload(workload(profile=profile(n=1, param=10 * MB)), 1)
+    return c, fleet(SRC, replace(dev("slow"), downlink_bps=1e6))
+
+
+def test_a_slow_downlink_deploy_is_not_resent_before_it_can_arrive() -> None:
+    c, f = _slow_site()
+    (d,) = deploys(c.reconcile(f, {}, 0.0))
+    assert d.device == "slow"
+    for t in (5.0, 6.0, 60.0, 150.0):  # the fixed 5 s would have resent (and given up) by now
+        assert deploys(c.reconcile(f, {}, t)) == []
+    assert c.counters["retries"] == 0
+    assert c.next_deadline() == pytest.approx(5.0 + 2 * 80.0)
+    c.ack(d.command_id, "slow", True, "", 90.0)
+    assert len(c.chains("w")) == 1
+
+
+def test_a_device_that_never_acks_is_retried_at_the_scaled_deadline() -> None:
+    c, f = _slow_site()
+    c.reconcile(f, {}, 0.0)
+    (a,) = c.assignments.values()
+    assert deploys(c.reconcile(f, {}, 164.9)) == []
+    assert _phases(c) == [Phase.DEPLOYING]
+    c.reconcile(f, {}, 165.0)
+    assert _phases(c) == [Phase.PENDING] and a.reason == "no ack from slow within 165 s"
+    (again,) = deploys(c.reconcile(f, {}, 165.5))
+    assert (again.device, again.attempt) == ("slow", 2)
+    c.reconcile(f, {}, 165.5 + 165.0)  # max_attempts: given up, the reason says after how long
+    assert "gave up on slow after 2 attempts: no ack from slow within 165 s" in a.reason

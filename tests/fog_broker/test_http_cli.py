@@ -66,6 +66,7 @@ def test_api_token_from_a_credentials_dir(tmp_path: Path) -> None:
         r = _fogline(["api-token", "--credentials", str(creds), "--ttl", "90d"])
         assert r.returncode == 2 and "at most 30d" in r.stderr
         r = _fogline(["api-token", "--credentials", str(tmp_path / "nothing")])
-        assert r.returncode == 2 and r.stderr.startswith("error: argument --credentials") and "does not exist" in r.stderr
+        assert r.returncode == 2 and r.stderr.startswith("error: argument --credentials")
+        assert "does not exist" in r.stderr
     finally:
         site.close()

@@ -54,7 +54,7 @@ def test_npy_npz_and_json() -> None:
 def test_images_resized_laid_out_and_scaled() -> None:
     pytest.importorskip("PIL")
     got = parse_inputs("cat.png", _png(), inputs=NCHW)["x"]
-    assert got.shape == (1, 3, 32, 32) and got.dtype == np.float32 and 0 <= got.min() and got.max() <= 1
+    assert got.shape == (1, 3, 32, 32) and got.dtype == np.float32 and got.min() >= 0 and got.max() <= 1
     nhwc = parse_inputs("cat.jpg.png", _png(), inputs=[{"name": "img", "dtype": "uint8", "shape": [1, 28, 28, 3]}])
     assert nhwc["img"].shape == (1, 28, 28, 3) and nhwc["img"].dtype == np.uint8 and nhwc["img"].max() > 1
     gray = parse_inputs("digit", _png(mode="L"), inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, 1, 8, 8]}])

@@ -204,7 +204,11 @@ def test_reconnect_rekeys_and_states_right_after_a_birth_are_accepted(fog: Any, 
                        for k in range(1, 6)]
             for topic, data in frames:
                 pub.publish(topic, data)
-            wait_for(lambda: accepted_states(fog) >= 5 * epoch, 30, lambda: fog.ingest.counts())
+
+            def caught_up(want: int = 5 * epoch) -> bool:  # bound now, in this epoch's iteration
+                return accepted_states(fog) >= want
+
+            wait_for(caught_up, 30, lambda: fog.ingest.counts())
         assert fog.ingest.counts()["session:opened"] == 2
         assert not fog.rejections()
     finally:

@@ -18,17 +18,17 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from waiting import wait_for
-
-prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'fogline[fog]' (prometheus_client)")
-
-from prometheus_client.parser import text_string_to_metric_families
-
 from runtime import codec
 from runtime.broker import MosquittoBroker, find_mosquitto
 from runtime.messages import ControlRequest
 from runtime.mqtt import MqttClient
 from runtime.topics import Topics
+
+from waiting import wait_for
+
+prometheus_client = pytest.importorskip("prometheus_client", reason="pip install 'fogline[fog]' (prometheus_client)")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402 - after the importorskip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 if find_mosquitto() is None:  # pragma: no cover - make test installs it
@@ -195,7 +195,10 @@ def test_deploy_placements_inference_and_refused_inference(fleet: Fleet) -> None
     with pytest.raises(InferenceError):
         fleet.client.infer("nope", {"x": np.zeros((1, 64), np.float32)}, timeout=5)
     after = scrape(fleet.svc)
-    d = lambda name, **lb: val(after, name, **lb) - val(before, name, **lb)
+
+    def d(name: str, **lb: str) -> float:
+        return val(after, name, **lb) - val(before, name, **lb)
+
     assert d("fogline_fog_deploys_total") >= 2           # two replicas, one partition each at least
     assert val(after, "fogline_fog_placements", workload="m", phase="running") >= 2
     assert val(after, "fogline_fog_placements", workload="m", phase="lost") == 0

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime", reason="place --measure runs the partitions in onnxruntime")
 onnx = pytest.importorskip("onnx", reason="ONNX models are built with onnx.helper")
-import numpy as np
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from runtime.cli import main  # noqa: E402

@@ -9,6 +9,7 @@ device whose description is invalid never holds a partition.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -57,7 +58,7 @@ class SiteMachine(RuleBasedStateMachine):
         self.running: dict[str, dict[tuple[str, int, int, int], PartitionStatus]] = defaultdict(dict)
         self.inflight: list[DeployPartition] = []
         self.versions: dict[str, int] = {}
-        self.hardware = {dev: hw for dev, hw in zip(DEVICES, hardware, strict=True)}
+        self.hardware = dict(zip(DEVICES, hardware, strict=True))
         for dev in DEVICES:  # a healthy site to start from: hostile events perturb it
             self.birth(dev, *self.hardware[dev][:3], None, self.hardware[dev][3], True)
             self.state(dev, None, False, True)
@@ -222,7 +223,7 @@ class SiteMachine(RuleBasedStateMachine):
             for r, spans in by_rep.items():
                 spans.sort()
                 assert spans[0][0] == 0 and spans[-1][1] == nseg - 1, f"{name} r{r}: gang not whole {spans}"
-                assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:])), f"{name} r{r}: gap {spans}"
+                assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans)), f"{name} r{r}: gap {spans}"
 
 
 SiteMachine.TestCase.settings = settings(max_examples=250, stateful_step_count=50, deadline=None,

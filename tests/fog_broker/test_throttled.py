@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from fog_broker.controller import DeployPartition, UndeployPartition
 from fog_broker.placement.model import ChainProfile, Segment, Workload
 from fog_broker.placement.plugins import THROTTLED, NodeView, NotThrottled
@@ -68,7 +70,9 @@ def test_filter_and_mask_agree() -> None:
     devs = reg.fleet().devices
     plugin = NotThrottled()
     per_device = [plugin.filter(workload(), NodeView(d, d.memory_bytes)).ok for d in devs]
-    assert per_device == list(plugin.mask(devs)) == [d.id != "a" for d in devs]
+    fl = reg.fleet()
+    batch = plugin.batch(workload(), fl, np.array([d.memory_bytes for d in fl.devices]))
+    assert per_device == list(batch) == [d.id != "a" for d in devs]
     bad = plugin.filter(workload(), NodeView(next(d for d in devs if d.id == "a"), 1e9))
     assert bad.reasons == (THROTTLED,)
 

@@ -34,7 +34,7 @@ def _check(devs, prof, src, snk, K, free=None, bound=None, kmin=1):  # type: ign
         assert sol is None
         return None
     assert sol is not None and sol.exact
-    pl = [PartitionPlacement(f, l, ids[z]) for f, l, z in sol.parts]
+    pl = [PartitionPlacement(f, last, ids[z]) for f, last, z in sol.parts]
     used = [p.device for p in pl]
     assert len(set(used)) == len(used), "chain revisits a device"
     mem = free or {d.id: d.memory_bytes for d in devs}
@@ -82,7 +82,7 @@ def test_exact_property(seed: int, n_dev: int, n_seg: int, k: int | None, kmin: 
                         tight: bool, bounded: bool) -> None:
     rng = random.Random(seed)
     devs, prof = random_instance(rng, n_dev, n_seg, tight=tight)
-    if k is not None and kmin > k or kmin > n_seg:
+    if (k is not None and kmin > k) or kmin > n_seg:
         kmin = 1
     free = {d.id: d.memory_bytes * rng.uniform(0.2, 1.0) for d in devs}
     bound = rng.uniform(0.01, 2.0) if bounded else None
@@ -110,7 +110,7 @@ def test_two_equal_devices_split_the_work_for_throughput() -> None:
     lat = solve_chain(tab, prof, 0, 0, objective="latency")
     thr = solve_chain(tab, prof, 0, 0, objective="throughput")
     assert lat is not None and len(lat.parts) == 1
-    assert thr is not None and [(f, l) for f, l, _ in thr.parts] == [(0, 1), (2, 3)]
+    assert thr is not None and [(f, last) for f, last, _ in thr.parts] == [(0, 1), (2, 3)]
     assert thr.value == pytest.approx(0.2)  # two segments of 0.1 s each per stage
 
 
@@ -121,7 +121,7 @@ def test_measured_segment_times_drive_the_split() -> None:
     prof = profile(4, flops=1e8, out=1e3).with_times({"a": (0.3, 0.01, 0.01, 0.01),
                                                       "b": (0.3, 0.01, 0.01, 0.01)})
     sol = solve_chain(DeviceTable.from_devices(devs), prof, 0, 0, objective="throughput")
-    assert sol is not None and [(f, l) for f, l, _ in sol.parts] == [(0, 0), (1, 3)]
+    assert sol is not None and [(f, last) for f, last, _ in sol.parts] == [(0, 0), (1, 3)]
     assert sol.value == pytest.approx(0.3)
 
 
@@ -172,16 +172,68 @@ def test_bad_objective_and_bound_are_spec_errors() -> None:
 
 
 def test_failover_without_a_wall_clock_keeps_a_live_deadline() -> None:
-    """A device loss heard in an advert reaches the router without the wall clock (wall=0):
-    the retried attempt's deadline must still be in wall-clock time, not seconds since 1970."""
-    from fog_broker.router import Router, SendActivation
-    from runtime.messages import Hop, InferenceRequest
+    """A device loss heard in an advert reaches the site core without the wall clock: the
+    retried attempt's deadline must still be in wall-clock time (``SiteCore`` owns the clock;
+    the router takes the wall it is given), not seconds since the fog started."""
+    from collections.abc import Sequence
 
-    r = Router("fog/reply")
-    chains = [(0, (Hop("a", "w", 1, 0, 0),)), (1, (Hop("b", "w", 1, 1, 0),))]
+    from fog_broker import placement
+    from fog_broker.controller import DeployPartition
+    from fog_broker.router import SendActivation
+    from fog_broker.site_core import Ack, Advert, Infer, SetWorkload, SiteCore, SiteCoreConfig
+    from runtime.messages import (
+        DeviceBirth,
+        DeviceDeath,
+        DeviceState,
+        InferenceRequest,
+        PartitionStatus,
+    )
+
+    mem = {"src": 1, "a": 100_000_000, "b": 100_000_000}
+    wall0 = 1_700_000_000.0  # the wall clock at monotonic 0
+    core = SiteCore(schedule, SiteCoreConfig(state_interval_s=1.0))
+    running: dict[str, dict[tuple[str, int, int, int], PartitionStatus]] = {d: {} for d in mem}
+    seq = dict.fromkeys(mem, 1)
+    now = 0.0
+
+    def carry(cmds: Sequence[object]) -> list[object]:
+        """The devices deploy and ack at once; what else the core says is returned."""
+        rest: list[object] = []
+        queue = list(cmds)
+        while queue:
+            c = queue.pop(0)
+            if isinstance(c, DeployPartition):
+                key = (c.workload, c.version, c.replica, c.index)
+                running[c.device][key] = PartitionStatus(*key, sha256="0" * 64, health="running")
+                queue += core.handle(Ack(c.device, c.command_id, True, ""), now)
+            else:
+                rest.append(c)
+        return rest
+
+    for d, m in mem.items():
+        carry(core.handle(Advert(DeviceBirth(
+            device_id=d, epoch=1, seq=1, site="s", public_key=bytes(32), flops=1e10,
+            memory_bytes=m, uplink_bps=1e8, downlink_bps=1e8, rtt_s=1e-3, power_active_w=5.0,
+            power_idle_w=1.0, tx_j_per_byte=1e-8, rx_j_per_byte=1e-8, state_interval_s=1.0)),
+            now))
+    prof = placement.ChainProfile("m", 1000.0, (placement.Segment("s0", 1e9, 1e6, 1e6, 1000.0),))
+    carry(core.handle(SetWorkload(Workload("w", "src", "src", replicas=2, profile=prof), 1), now))
+    while now < 30.0 and len(core.controller.chains("w")) < 2:
+        now += 0.5
+        carry(core.tick(now, wall0 + now))
+        for d in mem:
+            seq[d] += 1
+            carry(core.handle(Advert(DeviceState(
+                device_id=d, epoch=1, seq=seq[d], free_memory_bytes=mem[d],
+                partitions=tuple(running[d].values()))), now))
+    assert len(core.controller.chains("w")) == 2
     req = InferenceRequest("q1", "w", "reply/c", {"x": np.zeros(1, np.float32)}, 10.0)
-    first = r.submit(req, chains, 100.0, 1_700_000_000.0)
-    assert isinstance(first[0], SendActivation) and first[0].activation.deadline > 1.6e9
-    out = r.device_lost("a", {"w": chains}, 101.0, 0.0)
-    assert isinstance(out[0], SendActivation) and out[0].device == "b"
-    assert out[0].activation.deadline == pytest.approx(1_700_000_000.0 + 1.0 + 9.0)
+    first = carry(core.handle(Infer(req, wall0 + now), now))
+    assert isinstance(first[0], SendActivation)
+    assert first[0].activation.deadline == pytest.approx(wall0 + now + 10.0)
+    lost = first[0].device
+    now += 1.0
+    out = [c for c in carry(core.handle(Advert(DeviceDeath(device_id=lost, epoch=1)), now))
+           if isinstance(c, SendActivation)]
+    assert out and out[0].device != lost
+    assert out[0].activation.deadline == pytest.approx(wall0 + now + 9.0)

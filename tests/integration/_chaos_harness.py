@@ -103,12 +103,11 @@ class Procs:
                 os.kill(int(json.loads(owner.read_text())["pid"]), signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
-        for p in self.history:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        for p in self.history:  # the whole session, even when its leader is gone: a ClientApp
+            try:                  # outlives a SuperNode that died on its own
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in self.history:
             try:
                 p.wait(10)

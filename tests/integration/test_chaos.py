@@ -114,7 +114,7 @@ class Ground:
         waits its startup window for devices, then the same detection deadline.
         """
         d = killed + DETECT_S
-        for kill, ready in self.fog_down:
+        for _kill, ready in self.fog_down:
             if ready > killed:
                 d = max(d, ready + STARTUP_WAIT_S + DETECT_S)
         return d
@@ -245,7 +245,7 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
                 else:
                     dead_forever.append(victim)
                 until(f"res back to 2 replicas without {victim}",
-                      lambda: restored(client.status(timeout=3), victim), 60)
+                      lambda victim=victim: restored(client.status(timeout=3), victim), 60)
                 ground.note(f"res restored after the loss of {victim}")
             else:
                 procs.kill9("fog")  # its verify workers and its mosquitto die with it (no orphan broker)
@@ -332,7 +332,8 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
     other = [o for o in outcomes if o.kind == "error" and not fog_restarting(o)]
     assert len(other) <= 0.05 * load.sent, [(round(o.sent_at - ground.t0, 2), o.error[:120]) for o in other][:10]
     # 2. every result is the monolithic model's
-    bad = [(o.seq, o.max_diff) for o in outcomes if o.kind == "ok" and not (o.max_diff is not None and o.max_diff <= 1e-4)]
+    bad = [(o.seq, o.max_diff) for o in outcomes
+           if o.kind == "ok" and not (o.max_diff is not None and o.max_diff <= 1e-4)]
     assert not bad, f"{len(bad)} results differ from the monolithic model: {bad[:10]}"
     # 3. no partition scheduled on a device dead for longer than the detection deadline
     violations = []

@@ -78,7 +78,8 @@ def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
         assert ck is not None and ck.server_round == 3
         rel = read_release(Path(rep["releases"][-1]["path"]))
         _verify(rel, Identity.load("coordinator", dep.ck / "coordinator.key").public_key_bytes)
-        from models.train import SoftmaxRegression, load_digits_split
+        from models.digits import load_digits_split
+        from models.train import SoftmaxRegression
 
         model = SoftmaxRegression()
         model.set_weights(list(ck.weights))

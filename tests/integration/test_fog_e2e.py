@@ -43,8 +43,9 @@ class Procs:
 
     def spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=open(self.tmp / f"{name}.log", "ab"), start_new_session=True)
+        with open(self.tmp / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
+                                 start_new_session=True)
         self.procs.append(p)
         return p
 
@@ -144,7 +145,7 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     os.killpg(workers[victim].pid, signal.SIGKILL)
     # The replicated workload keeps answering (a replica chain without the victim serves at once).
     out_m = c.infer("mlp2", {"x": xm}, timeout=5)
-    np.testing.assert_allclose(list(out_m.values())[0], ref_m, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(next(iter(out_m.values())), ref_m, rtol=1e-4, atol=1e-5)
 
     def replaced() -> Any:
         w2 = _workload(c, "res")
@@ -158,7 +159,7 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     np.testing.assert_allclose(out["logits"], _reference("resnet", x), rtol=1e-4, atol=1e-5)
     wait_for(lambda: _workload(c, "mlp2")["healthy_replicas"] == 2, 15, "mlp2 back to 2 replicas")
     st = c.status()
-    dead = [d for d in st["devices"] if d["id"] == victim][0]
+    dead = next(d for d in st["devices"] if d["id"] == victim)
     assert not dead["alive"] and dead["lost_reason"] == "will"
     print(f"\nkill -9 -> re-placed and running (observed by polling): {recovery:.3f} s; "
           f"controller recoveries {st['recoveries_s']}")

@@ -443,7 +443,7 @@ def test_a_broker_that_is_not_there_yet_is_waited_for(clients: list[MqttClient],
     c = MqttClient("early", "127.0.0.1", port, reconnect_min_s=0.1, reconnect_max_s=0.3)
     clients.append(c)
     c.start()
-    with pytest.raises(LocalViolation, match="not connected within 0.5 s: connection refused"):
+    with pytest.raises(LocalViolation, match=r"not connected within 0\.5 s: connection refused"):
         c.wait_connected(0.5, strict=True)  # a refused TCP connect is not fatal: keep trying
     b = MosquittoBroker(BrokerConfig(data_dir=tmp_path / "late", port=port, persistence=False)).start()
     try:

@@ -171,9 +171,8 @@ def test_broker_certificate_is_checked_by_clients(pki: Pki, broker: MosquittoBro
     ctx = ssl.create_default_context(cadata=other.ca_pem.decode())
     import socket
 
-    with socket.create_connection((broker.host, broker.port), timeout=5) as raw:
-        with pytest.raises(ssl.SSLError):
-            ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    with socket.create_connection((broker.host, broker.port), timeout=5) as raw, pytest.raises(ssl.SSLError):
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
 # ---------------------------------------------------------------- ACL by delivery
@@ -250,7 +249,7 @@ def test_cloud_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient])
 
 def test_operator_and_app_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
     q_fog: queue.Queue[Inbound] = queue.Queue()
-    fog = client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
+    client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
     op = client(made, "op-1", broker, pki.tls("op-1"))
     app = client(made, "app-1", broker, pki.tls("app-1"))
     wait_live(q_fog, op, T.control())

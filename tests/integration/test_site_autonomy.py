@@ -2,9 +2,10 @@
 
 Real parts: ``fogline broker`` (its own mosquitto, TLS, ACL), enrolled agents in their own processes,
 and the coordinator's ``SiteService`` (the sites half of ``fogline coordinator``) in this process, its
-one connection to the site going through ``WanLink`` (``simulations.wan_relay``): a TCP relay that the test cuts like a WAN (no
-byte moves either way, nothing is closed: no FIN, no RST, so both ends find out by their keepalives)
-and heals (the connections of the cut are gone, as a NAT or a rebooted router would leave them).
+one connection to the site going through ``WanLink`` (``simulations.wan_relay``): a TCP relay that
+the test cuts like a WAN (no byte moves either way, nothing is closed: no FIN, no RST, so both ends
+find out by their keepalives) and heals (the connections of the cut are gone, as a NAT or a rebooted
+router would leave them).
 The agents, the fog and the test's operators talk to the site's mosquitto directly: only the
 coordinator's link is cut.
 

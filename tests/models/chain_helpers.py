@@ -1,6 +1,7 @@
 """Run partitions in onnxruntime, chained by name, and compare splits with the whole model."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 import numpy as np
@@ -40,7 +41,7 @@ def split_and_compare(p: object, feeds: dict[str, np.ndarray], ref: dict[str, ob
             continue
         parts = p.split_into(k)  # type: ignore[attr-defined]
         assert len(parts) == k
-        for a, b in zip(parts, parts[1:]):
+        for a, b in itertools.pairwise(parts):
             assert a.output_names == b.input_names
         env = run_chain(parts, feeds)
         worst = max(rel_diff(env[name], want) for name, want in ref.items())

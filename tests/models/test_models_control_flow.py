@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from models.cuts import enumerate_cuts, max_partitions
-from models.graph import analyze
 from models.partition import Partitioner
+from models.probe import analyze
 
 OPSET = [helper.make_opsetid("", 17)]
 TOL = 1e-5
@@ -128,7 +128,7 @@ def test_outer_tensor_crosses_every_cut_up_to_its_reader() -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_cut_set_chains(name: str, bytes_runner, chain_runner) -> None:
     model = MODELS[name]()
-    p = Partitioner(model)
+    p = Partitioner(analyze(model))
     n = len(p.ga.nodes)
     cut_sets = [[c] for c in range(1, n)] + [list(range(1, n))]
     for seed in (0, 1):

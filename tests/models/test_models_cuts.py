@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from models import zoo
-from models.cuts import chain_profile, enumerate_cuts, resolve_cuts
+from models.cuts import ChainProfile, chain_profile, enumerate_cuts, resolve_cuts
 from models.errors import ModelError
 from models.graph import analyze
 from models.profile import profile_model
@@ -79,7 +79,10 @@ def test_balanced_strategy_spreads_flops() -> None:
     model = zoo.build("resnet")
     cheap = chain_profile(model, 4)
     bal = chain_profile(model, 4, strategy="balanced")
-    spread = lambda cp: max(s.flops for s in cp.segments) / sum(s.flops for s in cp.segments)
+
+    def spread(cp: ChainProfile) -> float:
+        return max(s.flops for s in cp.segments) / sum(s.flops for s in cp.segments)
+
     assert spread(bal) < spread(cheap)
     with pytest.raises(ModelError, match="strategy"):
         chain_profile(model, 4, strategy="random")  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ def test_invalid_graph_reads_undefined_tensor() -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     g = helper.make_graph([helper.make_node("Add", ["x", "ghost"], ["y"])], "g", [x], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(ModelError, match="ghost|invalid"):
+    with pytest.raises(ModelError, match=r"ghost|invalid"):
         analyze(m)
 
 
@@ -75,7 +75,7 @@ def test_empty_graph() -> None:
 @pytest.mark.parametrize("fn", [analyze, profile_model, enumerate_cuts, chain_profile,
                                 lambda m: split(m, [1])])
 def test_dynamic_shapes_are_named(fn) -> None:
-    with pytest.raises(ModelError, match="dynamic shape: tensor 'x'.*'N'"):
+    with pytest.raises(ModelError, match=r"dynamic shape: tensor 'x'.*'N'"):
         fn(_dynamic())
 
 
@@ -94,7 +94,7 @@ def test_unknown_custom_op_without_shapes() -> None:
                            helper.make_node("Relu", ["t"], ["y"])], "g", [x], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid("acme", 1)], ir_version=8)
-    with pytest.raises(ModelError, match="'t'.*Foo"):
+    with pytest.raises(ModelError, match=r"'t'.*Foo"):
         analyze(m)
 
 

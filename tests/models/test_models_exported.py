@@ -27,9 +27,8 @@ import pytest
 
 from models.cuts import chain_profile
 from models.errors import ModelError, ProfileWarning
-from models.graph import analyze
 from models.partition import Partitioner
-from models.probe import feeds_for, rel_diff, session_options
+from models.probe import analyze, feeds_for, rel_diff, session_options
 from models.profile import profile_model
 
 from chain_helpers import split_and_compare

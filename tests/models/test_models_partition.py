@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 
 import numpy as np
@@ -36,7 +37,7 @@ def _check_chain(parts, feeds, ref, chain_runner) -> None:
     env = chain_runner(parts, feeds)
     for name, want in ref.items():
         assert np.abs(env[name] - want).max() <= TOL, name
-    for a, b in zip(parts, parts[1:]):
+    for a, b in itertools.pairwise(parts):
         assert a.output_names == b.input_names  # partitions chain by tensor name
 
 

@@ -16,9 +16,8 @@ import pytest
 
 from models.cuts import chain_profile
 from models.errors import ProfileWarning
-from models.graph import analyze
 from models.partition import Partitioner
-from models.probe import feeds_for, rel_diff
+from models.probe import analyze, feeds_for, rel_diff
 from models.profile import profile_model
 from models.thirdparty import MODELS, ONNX_TEST_MODELS
 

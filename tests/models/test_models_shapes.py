@@ -8,11 +8,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models import zoo
+from models import graph, zoo
 from models.cuts import chain_profile
 from models.errors import ModelError
-from models.graph import analyze, set_input_shapes
+from models.graph import set_input_shapes
 from models.partition import Partitioner, split
+from models.probe import analyze, run_shapes
 from models.profile import profile_model
 
 OPSET = [helper.make_opsetid("", 17)]
@@ -127,7 +128,7 @@ def test_data_dependent_sizes_come_from_a_run() -> None:
 def test_data_dependent_partitions_run_on_other_data(bytes_runner, chain_runner) -> None:
     """Cut tensors whose size depends on the data are declared open, not at the run's size."""
     model = _data_dependent()
-    p = Partitioner(model)
+    p = Partitioner(analyze(model))
     n = len(p.ga.nodes)
     for seed in (1, 2, 3):
         feeds = {"x": np.random.default_rng(seed).standard_normal((4, 6)).astype(np.float32)}
@@ -207,12 +208,19 @@ def test_custom_op_without_kernel_names_the_tensor() -> None:
 def test_probe_is_injectable() -> None:
     seen = {}
 
-    def fake(model, feeds, names):
+    def fake(model, feeds, names, *, external_dir=None):
         seen.update(feeds)
         return dict.fromkeys(names, ((4, 6), "float32", 96))
 
-    ga = analyze(zoo.build("mlp"), shapes="run", probe=fake)
+    ga = graph.analyze(zoo.build("mlp"), shapes="run", probe=fake)
     assert set(seen) == set(ga.inputs) and ga.tensors[ga.outputs[0]].shape == (4, 6)
+
+
+def test_the_pure_analysis_asks_for_a_probe_instead_of_running() -> None:
+    """models.graph never runs a model: sizing that needs a run without a probe is a one-line error."""
+    with pytest.raises(ModelError, match=r"takes one onnxruntime run: pass probe=models\.probe\.run_shapes"):
+        graph.analyze(_data_dependent())
+    assert graph.analyze(_data_dependent(), probe=run_shapes).shape_source == "run"
 
 
 def test_thousand_node_graph_sized_by_a_run_is_fast() -> None:

@@ -9,8 +9,9 @@ import onnx
 import pytest
 
 from models import zoo
+from models.digits import load_digits_split
 from models.errors import ModelError
-from models.train import MLP, SoftmaxRegression, load_digits_split, to_onnx
+from models.train import MLP, SoftmaxRegression, split_dataset, to_onnx
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,20 @@ def test_dirichlet_split_skews_labels() -> None:
 def test_bad_split_arguments(kw: dict, match: str) -> None:
     with pytest.raises(ModelError, match=match):
         load_digits_split(**kw)
+
+
+def test_split_dataset_takes_any_arrays() -> None:
+    """The pure split: arrays in (no scikit-learn), every sample used once, same seed same split."""
+    X = np.arange(200, dtype=np.float32).reshape(100, 2)
+    y = np.arange(100, dtype=np.int64) % 4
+    clients, (Xte, yte) = split_dataset(X, y, 3, alpha=1.0, seed=5, test_fraction=0.25)
+    assert len(Xte) == 25 and len(yte) == 25
+    seen = np.concatenate([Xte[:, 0]] + [cx[:, 0] for cx, _ in clients])
+    assert sorted(seen.tolist()) == X[:, 0].tolist()
+    again = split_dataset(X, y, 3, alpha=1.0, seed=5, test_fraction=0.25)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(clients, again.clients, strict=True))
+    with pytest.raises(ModelError, match="100 samples but 99 labels"):
+        split_dataset(X, y[:99], 3)
 
 
 def test_sklearn_is_imported_lazily() -> None:

@@ -83,3 +83,52 @@ def test_a_child_started_from_a_short_lived_thread_outlives_that_thread() -> Non
         assert not _gone(p.pid, 0.5), "the child died with the thread that asked for it"
     finally:
         children.stop(p, 1.0)
+
+
+# A child that starts a grandchild in a session of its own (as Flower's SuperNode starts a
+# ClientApp), prints the grandchild's pid, and then either waits or exits at once.
+TREE = r"""
+import subprocess, sys, time
+g = subprocess.Popen(["sleep", "600"], start_new_session=True)
+print(g.pid, flush=True)
+if sys.argv[1] == "wait":
+    time.sleep(600)
+sys.exit(5)
+"""
+TREE_PARENT = r"""
+import sys
+from runtime import children
+p = children.spawn([sys.executable, "-c", sys.argv[1], "wait"], whole_tree=True)
+time = __import__("time")
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux only")
+def test_a_whole_tree_dies_with_a_killed_parent() -> None:
+    """kill -9 of the parent: the guard sees it and takes the grandchild too (no orphan ClientApp)."""
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", TREE_PARENT, TREE], cwd=root, stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    grandchild = int(parent.stdout.readline())  # the guard's command inherits the parent's stdout
+    try:
+        assert not _gone(grandchild, 0.2), "the grandchild should run while the tree's root does"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert _gone(grandchild, 15), "the grandchild outlived the tree's root (kill -9)"
+    finally:
+        try:
+            os.kill(grandchild, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux only")
+def test_the_guard_ends_what_its_command_left_behind_and_keeps_its_exit_code() -> None:
+    from runtime.guard import guarded
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(guarded([sys.executable, "-c", TREE, "exit"]), cwd=root, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 5, done.stderr
+    assert _gone(int(done.stdout), 5), "the command's own child outlived it"

@@ -131,7 +131,7 @@ def test_a_corrupt_state_file_refuses_to_start_with_one_line(tmp_path: Path, con
     """
     path = tmp_path / "replay.json"
     path.write_bytes(content)
-    with pytest.raises(LocalViolation, match="replay state .*replay.json") as err:
+    with pytest.raises(LocalViolation, match=r"replay state .*replay\.json") as err:
         verifier(path)
     assert "\n" not in str(err.value)
 

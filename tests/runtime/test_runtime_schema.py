@@ -32,7 +32,7 @@ class Sample(Record):
     maybe: float | None = None
     items: tuple[Hop, ...] = ()
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
-    arr: Optional[np.ndarray] = None
+    arr: Optional[np.ndarray] = None  # noqa: UP045 - typing.Optional is read too, not only X | None
 
 
 schema_of(Sample)
@@ -72,7 +72,8 @@ def test_wire_builders_reject(wire: dict[str, Any], match: str) -> None:
         from_wire(Sample, wire)
 
 
-@pytest.mark.parametrize("annotation", [list[int], Union[int, str], tuple[int, str], dict[int, str], set, object])
+@pytest.mark.parametrize("annotation", [list[int], Union[int, str],  # noqa: UP007 - typing.Union, on purpose
+                                        tuple[int, str], dict[int, str], set, object])
 def test_unsupported_annotations_are_a_local_bug(annotation: Any) -> None:
     cls = dataclasses.make_dataclass("Bad", [("x", annotation)], bases=(Record,), frozen=True, slots=True)
     with pytest.raises(LocalViolation):

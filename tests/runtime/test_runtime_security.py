@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime import codec, security
+from runtime import codec, security, verify
 from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
 from runtime.messages import CommandAck, DeviceDeath, Envelope
 from runtime.security import (
@@ -137,7 +137,7 @@ def _resigned(mutate: Callable[[dict[str, Any]], None], ident: Identity = DEV) -
     """An envelope with fields changed and then *validly* signed by ``ident``."""
     f = dict(sender=ident.name, epoch=1, seq=1, timestamp=NOW, payload=codec.encode(ACK))
     mutate(f)
-    sig = ident.sign(security._envelope_bytes(f["sender"], f["epoch"], f["seq"], f["timestamp"], f["payload"]))
+    sig = ident.sign(verify._envelope_bytes(f["sender"], f["epoch"], f["seq"], f["timestamp"], f["payload"]))
     return codec.encode(Envelope(f["sender"], f["epoch"], f["seq"], f["timestamp"], f["payload"], sig))
 
 

@@ -92,10 +92,11 @@ def test_a_running_first_replica_moves_off_a_device_once_it_is_flagged() -> None
 def test_the_plugin_and_the_vectorised_mask_agree() -> None:
     fl = site(liar_verified=False)
     w = wl("w")
+    free = np.array([d.memory_bytes for d in fl.devices])
     for replica in (0, 1):
         plugin = VerifiedLead(replica)
-        mask = plugin.mask(fl.devices)
+        mask = plugin.batch(w, fl, free)
         verdicts = np.array([plugin.filter(w, NodeView(d, d.memory_bytes)).ok for d in fl.devices])
         assert (mask == verdicts).all()
-    assert not VerifiedLead(0).mask(fl.devices)[fl.index["liar"]]
+    assert not VerifiedLead(0).batch(w, fl, free)[fl.index["liar"]]
     assert replace(fl.devices[1], verified=True).verified

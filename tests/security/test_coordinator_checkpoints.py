@@ -61,7 +61,7 @@ def test_forged_round_in_one_replica_never_wins_the_resume(tmp_path: Path, signe
            "coordinator-key-one-replica": real_key}[signer]
     _forge(dirs[1], 9, dirs[1] / "ckpt-00000002.json", key)  # "round 9" in replica b only
     store = CheckpointStore(dirs, identity=real_key)
-    got, scan = store.load_latest()
+    got, _ = store.load_latest()
     assert got is not None and got.server_round == 2 and np.all(np.abs(got.weights[0]) < 10)
     # the legitimate path goes on from round 2 with the honest model
     final = _run(dirs, 3)

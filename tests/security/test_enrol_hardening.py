@@ -115,22 +115,20 @@ def test_agent_takes_the_token_from_a_file_or_the_environment(site: LocalSite, t
                                    str(tmp_path / "te")], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL))
     token = site.token()
-    log = open(tmp_path / "tc.log", "w+")
-    procs.append(subprocess.Popen([sys.executable, "-m", "edge_agent", *base, "--id", "dev-tc", "--data-dir",
-                                   str(tmp_path / "tc"), "--token", token], cwd=REPO, stdout=log,
-                                  stderr=subprocess.STDOUT))
+    with open(tmp_path / "tc.log", "w") as log:  # the child keeps its own copy
+        procs.append(subprocess.Popen([sys.executable, "-m", "edge_agent", *base, "--id", "dev-tc", "--data-dir",
+                                       str(tmp_path / "tc"), "--token", token], cwd=REPO, stdout=log,
+                                      stderr=subprocess.STDOUT))
     try:
         for name in ("tf", "te", "tc"):
             wait_status(tmp_path / name, lambda s: s.get("phase") == "online", timeout=60)
         # the one given on the command line was moved out of it: ps shows no secret
         assert token.split(".")[2].encode() not in _cmdline(procs[2].pid)
         assert b"--token" not in _cmdline(procs[2].pid)
-        log.seek(0)
-        assert "--token puts the bootstrap token in the command line" in log.read()
+        assert "--token puts the bootstrap token in the command line" in (tmp_path / "tc.log").read_text()
     finally:
         for p in procs:
             kill(p)
-        log.close()
     out = run_agent_cli("--broker", site.mqtt, "--id", "dev-tx", "--data-dir", str(tmp_path / "tx"),
                         "--token-file", str(tmp_path / "missing"))
     assert out.returncode == 2 and "cannot read --token-file" in out.stderr

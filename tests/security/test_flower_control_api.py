@@ -124,11 +124,11 @@ def test_a_ca_holder_cannot_use_a_site_aggregators_control_api(tmp_path: Path) -
     dep = Deployment(tmp_path)
     work = tmp_path / "site"
     port = free_port()
-    log = open(tmp_path / "site.log", "wb")
-    agg = subprocess.Popen([str(VENV_BIN / "fogline"), "-v", "site-aggregator", "--app", str(bundled_app("digits")),
-                            "--work-dir", str(work), "--site", "site-a", "--listen", f"{DEVICE_HOST}:{port}"],
-                           stdout=log, stderr=subprocess.STDOUT, env=dep.env, start_new_session=True)
-    log.close()
+    with open(tmp_path / "site.log", "wb") as log:  # the child keeps its own copy
+        agg = subprocess.Popen([str(VENV_BIN / "fogline"), "-v", "site-aggregator", "--app",
+                                str(bundled_app("digits")), "--work-dir", str(work), "--site", "site-a",
+                                "--listen", f"{DEVICE_HOST}:{port}"],
+                               stdout=log, stderr=subprocess.STDOUT, env=dep.env, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while not (work / "superlink.json").exists():

@@ -209,7 +209,7 @@ def test_the_fog_reasserts_its_state_over_anything_else(open_site: LocalSite,
 
 def test_a_death_counts_only_for_the_current_epoch_and_never_raises_it(open_site: LocalSite,
                                                                        open_agent: tuple[Path, Identity]) -> None:
-    data, ident = open_agent
+    _, ident = open_agent
     row = _device(open_site, "dev-i")
     assert row is not None and row["alive"]
     epoch = row["epoch"]

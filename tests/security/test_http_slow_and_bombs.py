@@ -39,7 +39,7 @@ pytest.importorskip("aiohttp")
 if find_mosquitto() is None:  # pragma: no cover - make test installs it
     pytest.skip("mosquitto not installed", allow_module_level=True)
 
-from tests.integration.test_http_api import Fog, _session
+from tests.integration.test_http_api import Fog, _session  # noqa: E402 - after the skips above
 
 LIMITS = HttpLimits()           # the fog runs with the defaults
 SLOW_TLS, SLOW_RAW = 580, 20    # 600 slow connections in all

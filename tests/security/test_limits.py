@@ -268,9 +268,9 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
     # an app may infer, not read the site's status
     app = _identity(site, "app-s", "app")
     from fog_broker.client import FogClient
-    with FogClient("127.0.0.1", site.port, credentials=app.dir) as ac:
-        with pytest.raises(ControlError, match="may not 'status'"):
-            ac.status(timeout=10)
+    with (FogClient("127.0.0.1", site.port, credentials=app.dir) as ac,
+          pytest.raises(ControlError, match="may not 'status'")):
+        ac.status(timeout=10)
     # `fogline status` without credentials prints one error line and no status
     env = {**os.environ, "FOGLINE_CREDENTIALS": str(tmp_path / "none"), "HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "runtime.cli", "status", "--broker", site.mqtt], cwd=REPO, env=env,

@@ -58,7 +58,7 @@ def test_builtin_scenarios_load_and_bad_ones_are_named(tmp_path):
     assert s.devices == 200 and len(s.workloads) == 10 and s.failure is not None
     bad = tmp_path / "bad.toml"
     bad.write_text("[fleet]\ndevices = 'many'\n")
-    with pytest.raises(ScenarioError, match="fleet.devices"):
+    with pytest.raises(ScenarioError, match=r"fleet\.devices"):
         load_scenario(bad)
 
 

@@ -177,7 +177,7 @@ def test_a_site_cut_during_the_rollout_is_skipped_and_catches_up_when_the_link_r
 
 def test_a_canary_cut_during_its_check_holds_the_rollout(tmp_path):
     ev = _event(250, "cut", ["site-000"]) + _event(700, "restore", ["site-000"])
-    sim, r = _sim(tmp_path, events=ev)
+    _, r = _sim(tmp_path, events=ev)
     ro = r.rollout
     assert ro["step"] == "done" and ro["rollback"] is None, ro["reason"]
     rows = {x["site"]: x for x in ro["timeline"]}
@@ -204,10 +204,10 @@ def test_scenario_errors_name_the_field(tmp_path):
     with pytest.raises(ScenarioError, match="canary_check"):
         run_multisite(load_scenario(p), clock=_fake_clock())
     p.write_text(_toml().replace("[sites.rollout]", "[sites.rollout]\nnope = 1"))
-    with pytest.raises(ScenarioError, match="sites.rollout: unknown rollout setting 'nope'"):
+    with pytest.raises(ScenarioError, match=r"sites\.rollout: unknown rollout setting 'nope'"):
         run_multisite(load_scenario(p), clock=_fake_clock())
     p.write_text(_toml(extra="pol_s = 3"))
-    with pytest.raises(ScenarioError, match="sites.pol_s: unknown key"):
+    with pytest.raises(ScenarioError, match=r"sites\.pol_s: unknown key"):
         run_multisite(load_scenario(p), clock=_fake_clock())
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord
 
-from models.train import MLP, SoftmaxRegression, load_digits_split
+from models.digits import load_digits_split
+from models.train import MLP, SoftmaxRegression
 from models.train import to_onnx as _weights_to_onnx
 
 N_FEATURES, N_CLASSES = 64, 10

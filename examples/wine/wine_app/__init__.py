@@ -1,0 +1,1 @@
+"""wine_app: multinomial logistic regression in numpy on scikit-learn's wine data (a Flower App)."""
