@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._emit import emit
+from runtime import children
 
 SHAPE = [1, 3, 320, 320]
 
@@ -309,35 +310,31 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         res["slow_link"] = slow
         c.close()
     finally:
-        for g in groups:
-            g.terminate()
-        for g in groups:
-            try:
-                g.wait(10)
-            except subprocess.TimeoutExpired:
-                g.kill()
+        children.stop_all(groups, 10.0)
         site.kill()
         shape.close()
     return res
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from runtime.cliargs import existing_file, nonneg_float, positive_float, positive_int
+
     ap = argparse.ArgumentParser(prog="pipeline_bench")
     ap.add_argument("--quick", action="store_true", help="fewer frames (~1.5 min)")
-    ap.add_argument("--frames", type=int, default=60, help="frames per pipelined measurement")
-    ap.add_argument("--serial", type=int, default=24, help="frames of the one-at-a-time baseline")
-    ap.add_argument("--window", type=int, default=8, help="requests in flight when pipelined")
-    ap.add_argument("--flops", type=float, default=1e10, help="each worker's advertised FLOP/s")
-    ap.add_argument("--link", type=float, default=1e9, help="each device's advertised bit/s")
-    ap.add_argument("--slow-link", type=float, default=10e6,
+    ap.add_argument("--frames", type=positive_int, default=60, help="frames per pipelined measurement")
+    ap.add_argument("--serial", type=positive_int, default=24, help="frames of the one-at-a-time baseline")
+    ap.add_argument("--window", type=positive_int, default=8, help="requests in flight when pipelined")
+    ap.add_argument("--flops", type=positive_float, default=1e10, help="each worker's advertised FLOP/s")
+    ap.add_argument("--link", type=positive_float, default=1e9, help="each device's advertised bit/s")
+    ap.add_argument("--slow-link", type=nonneg_float, default=10e6,
                     help="bit/s of the shaped link between the stages (0: skip that part)")
-    ap.add_argument("--slow-frames", type=int, default=20, help="frames per slow-link measurement")
-    ap.add_argument("--slow-window", type=int, default=4,
+    ap.add_argument("--slow-frames", type=positive_int, default=20, help="frames per slow-link measurement")
+    ap.add_argument("--slow-window", type=positive_int, default=4,
                     help="requests in flight on the slow link (a deeper queue on a saturated uplink "
                          "holds the agent's heartbeats back too: the fog may declare it lost)")
     ap.add_argument("--slow-link-only", action="store_true",
                     help="only the slow-link part (float32 vs float16 vs int8 on one link)")
-    ap.add_argument("--model", help="another ONNX file with one 'images' input (default YOLOv8n)")
+    ap.add_argument("--model", type=existing_file, help="another ONNX file with one 'images' input (default YOLOv8n)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.ERROR)
     if args.quick:

@@ -380,6 +380,8 @@ def _serve_metrics(args: argparse.Namespace, settings: Any, sup: Any, service: A
 
 
 def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict[str, Any]] | None = None) -> None:
+    from .selection import selection_line
+
     hist = doc.get("history", [])
     print(f"fogline coordinator: {doc.get('rounds_done')}/{doc.get('rounds')} rounds, resumed after round "
           f"{doc.get('resumed_from')}, config {doc.get('config_hash')}")
@@ -402,13 +404,6 @@ def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict
         for r in rolled:
             print(f"  {rollout_line(r)}")
     print(f"checkpoints in {', '.join(s.checkpoint_dirs)}; report {Path(s.work_dir) / 'report.json'}")
-
-
-def selection_line(sel: dict[str, Any]) -> str:
-    """'selection (cross-device): a: selected; b: metered link' from a round's report entry."""
-    devices = sel.get("devices") or {}
-    return f"selection ({sel.get('rule') or 'battery-floor'}): " + (
-        "; ".join(f"{d}: {why}" for d, why in sorted(devices.items())) or "no device reported")
 
 
 def supernodes(args: argparse.Namespace) -> int:

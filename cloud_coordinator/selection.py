@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from runtime.errors import LocalViolation
 from runtime.messages import DeviceSummary, FleetSummary
 
-__all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "explain_devices", "SELECTED",
+__all__ = ["SelectionPolicy", "Selection", "select_clients", "explain", "explain_devices", "selection_line", "SELECTED",
            "REASONS", "RULES", "DEFAULT_RULE", "policy_named"]
 
 SELECTED = "selected"
@@ -154,3 +154,10 @@ def explain(sel: Selection) -> str:
 def explain_devices(sel: Selection) -> str:
     """Every device and why it was or was not selected: 'a: selected; b: metered link'."""
     return "; ".join(f"{dev}: {why}" for dev, why in sorted(sel.reasons.items()))
+
+
+def selection_line(sel: Mapping[str, Any]) -> str:
+    """'selection (cross-device): a: selected; b: metered link' from a round's report entry."""
+    devices = sel.get("devices") or {}
+    return f"selection ({sel.get('rule') or DEFAULT_RULE}): " + (
+        "; ".join(f"{d}: {why}" for d, why in sorted(devices.items())) or "no device reported")

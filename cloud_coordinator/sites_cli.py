@@ -321,7 +321,7 @@ def status_cmd(args: argparse.Namespace) -> int:
         if s["reachable"] is False and s["error"]:
             print(f"  {s['name']}: {s['error']}")
     if doc.get("selection"):
-        from .cli import selection_line
+        from .selection import selection_line
 
         print(f"round {doc['selection'].get('round')} {selection_line(doc['selection'])}")
     print(f"rollouts ({doc['active']}):")

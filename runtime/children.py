@@ -24,12 +24,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["die_with_parent_preexec", "spawn", "stop", "alive"]
+__all__ = ["die_with_parent_preexec", "guarded", "spawn", "stop", "stop_all", "alive"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,6 +43,11 @@ def _prctl() -> Callable[..., int] | None:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
         return None
+
+
+def guarded(argv: Sequence[str]) -> list[str]:
+    """``argv`` run under ``runtime.guard`` (this interpreter): its whole tree ends with us."""
+    return [sys.executable, "-m", "runtime.guard", "--", *argv]
 
 
 def die_with_parent_preexec(*, user: str | None = None,
@@ -98,9 +103,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
             else:
                 out, err = log, subprocess.STDOUT
         if whole_tree and die_with_parent:
-            from runtime.guard import guarded
-
-            argv, die_with_parent = guarded(list(argv)), False  # the guard watches us instead
+            argv, die_with_parent = guarded(argv), False  # the guard watches us instead
         preexec = die_with_parent_preexec(user=user) if die_with_parent else None
 
         def start() -> subprocess.Popen[bytes]:
@@ -146,7 +149,7 @@ def alive(proc: subprocess.Popen[bytes] | None) -> bool:
     return proc is not None and proc.poll() is None
 
 
-def stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0, *, group: bool = False) -> int | None:
+def stop(proc: subprocess.Popen[Any] | None, timeout_s: float = 5.0, *, group: bool = False) -> int | None:
     """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code (None if there was no child).
 
     ``group``: signal the child's whole process group (a child started with ``own_session``
@@ -170,7 +173,19 @@ def stop(proc: subprocess.Popen[bytes] | None, timeout_s: float = 5.0, *, group:
             _signal(proc, signal.SIGKILL, True)
 
 
-def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
+def stop_all(procs: Iterable[subprocess.Popen[Any] | None], timeout_s: float = 5.0, *,
+             group: bool = False) -> None:
+    """``stop`` for several children at once: all get SIGTERM first, then share one deadline."""
+    live = [p for p in procs if p is not None]
+    for p in live:
+        if p.poll() is None:
+            _signal(p, signal.SIGTERM, group)
+    deadline = time.monotonic() + timeout_s
+    for p in live:
+        stop(p, max(0.0, deadline - time.monotonic()), group=group)
+
+
+def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
     try:
         if group:
             os.killpg(proc.pid, sig)

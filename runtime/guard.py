@@ -1,4 +1,5 @@
-"""A process tree that ends with its parent: ``python -m runtime.guard -- COMMAND ...``.
+"""A process tree that ends with its parent: ``python -m runtime.guard -- COMMAND ...``
+(``runtime.children.spawn(..., whole_tree=True)`` starts a command this way).
 
 ``PR_SET_PDEATHSIG`` (``runtime.children``) kills the one child it is set on. Some children
 start processes of their own that we do not control: Flower's SuperNode starts a ClientApp per
@@ -18,16 +19,12 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["GUARD", "guarded", "subreaper", "descendants", "kill_descendants",
+from runtime import children
+
+__all__ = ["subreaper", "process_table", "descendants", "kill_descendants",
            "take_descendants_when_parent_dies"]
 
-GUARD = "runtime.guard"
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """``argv`` run under the guard, with this interpreter."""
-    return [sys.executable, "-m", GUARD, "--", *argv]
 
 
 def subreaper() -> bool:
@@ -42,7 +39,7 @@ def subreaper() -> bool:
         return False
 
 
-def _parents() -> dict[int, tuple[int, str]]:
+def process_table() -> dict[int, tuple[int, str]]:
     """Every process's parent and state, from /proc: pid -> (ppid, state)."""
     out: dict[int, tuple[int, str]] = {}
     for d in os.listdir("/proc"):
@@ -59,7 +56,7 @@ def _parents() -> dict[int, tuple[int, str]]:
 def descendants(root: int | None = None) -> list[int]:
     """Live (not zombie) descendants of ``root`` (this process), nearest first."""
     root = os.getpid() if root is None else root
-    table = _parents()
+    table = process_table()
     kids: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         kids.setdefault(ppid, []).append(pid)
@@ -110,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: usage: python -m runtime.guard -- COMMAND ...", file=sys.stderr)
         return 2
     take_descendants_when_parent_dies()
-    from runtime import children
-
     try:
         # the command dies with the guard even if the guard is killed itself
         proc = children.spawn(args, stdin=None, own_session=False)

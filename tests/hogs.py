@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from runtime import children
-from runtime.guard import subreaper
+from runtime.guard import process_table, subreaper
 
 HOG = "while True:\n    pass\n"
 LEFT_BEHIND = 3
@@ -34,18 +34,14 @@ LEFT_BEHIND = 3
 def _children(known: set[int]) -> dict[int, tuple[str, str]]:
     """This process's children other than ``known``: pid -> (state, command line)."""
     me, found = os.getpid(), {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in known:
+    for pid, (ppid, state) in process_table().items():
+        if ppid != me or pid in known:
             continue
         try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-            if int(ppid) != me:
-                continue
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
             continue
-        found[int(d)] = (state, cmd.strip()[:200])
+        found[pid] = (state, cmd.strip()[:200])
     return found
 
 

@@ -151,7 +151,7 @@ def test_the_coordinator_selects_cross_device_and_reports_why_per_device(tmp_pat
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    from cloud_coordinator.cli import selection_line
+    from cloud_coordinator.selection import selection_line
     from cloud_coordinator.settings import Settings
     from cloud_coordinator.sites_cli import last_selection
     from cloud_coordinator.strategy import RobustStrategy

@@ -3,7 +3,6 @@ compressed activations at its cut, a streaming client keeping many frames in fli
 latency bound no plan meets left pending with its reason."""
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 import uuid
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from runtime import children
 from runtime.broker import find_mosquitto
 from simulations.local_site import LocalSite
 
@@ -214,13 +214,7 @@ def test_a_shaped_link_limits_frames_and_int8_cuts_buy_them_back(tmp_path: Path)
             assert "frames/s: predicted" in texts["f32"]
             c.close()
         finally:
-            for g in groups:
-                g.terminate()
-            for g in groups:
-                try:
-                    g.wait(10)
-                except subprocess.TimeoutExpired:
-                    g.kill()
+            children.stop_all(groups, 10.0)
             fog.kill()
 
 
@@ -281,11 +275,5 @@ def test_http_requests_in_flight_fill_the_pipeline(tmp_path: Path) -> None:
         assert inflight > 1.3 * serial, (serial, inflight)
         c.close()
     finally:
-        for g in groups:
-            g.terminate()
-        for g in groups:
-            try:
-                g.wait(10)
-            except subprocess.TimeoutExpired:
-                g.kill()
+        children.stop_all(groups, 10.0)
         fog.kill()

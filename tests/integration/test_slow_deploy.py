@@ -4,13 +4,13 @@ runs on the first attempt: the fog's ack window covers the transfer (8+ s, where
 resent it until the device was given up), and the chain answers."""
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runtime import children
 from runtime.broker import find_mosquitto
 from simulations.local_site import LocalSite
 
@@ -71,11 +71,5 @@ def test_a_10mb_partition_deploys_first_time_over_a_10mbit_downlink(tmp_path: Pa
             assert next(iter(out.values())).shape == (1, 10)
             c.close()
         finally:
-            for g in groups:
-                g.terminate()
-            for g in groups:
-                try:
-                    g.wait(10)
-                except subprocess.TimeoutExpired:
-                    g.kill()
+            children.stop_all(groups, 10.0)
             fog.kill()

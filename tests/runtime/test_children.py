@@ -125,10 +125,20 @@ def test_a_whole_tree_dies_with_a_killed_parent() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux only")
 def test_the_guard_ends_what_its_command_left_behind_and_keeps_its_exit_code() -> None:
-    from runtime.guard import guarded
-
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(guarded([sys.executable, "-c", TREE, "exit"]), cwd=root, capture_output=True,
+    done = subprocess.run(children.guarded([sys.executable, "-c", TREE, "exit"]), cwd=root, capture_output=True,
                           timeout=60)
     assert done.returncode == 5, done.stderr
     assert _gone(int(done.stdout), 5), "the command's own child outlived it"
+
+
+def test_stop_all_terminates_together_and_kills_what_ignores_it() -> None:
+    stubborn = children.spawn([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                               "signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"ready"
+    polite = children.spawn(["sleep", "600"])
+    t0 = time.monotonic()
+    children.stop_all([polite, None, stubborn], timeout_s=0.5)
+    assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+    assert time.monotonic() - t0 < 10, "one shared deadline, not one per child"
