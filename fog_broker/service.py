@@ -174,7 +174,8 @@ class FogService:
         self.coordinators: dict[str, bytes] = {}
         self._on_acl, self._on_crl = on_acl, on_crl
         self._trust_version = -1
-        self._acl = ""
+        self._acl = ""  # the text the broker has (push_acl, under _acl_lock)
+        self._acl_lock = threading.Lock()
         self._shut: frozenset[str] = frozenset()  # senders quarantined for flooding: no writes in the ACL
         self._crl = b""
         self._last_trust_poll = -math.inf
@@ -327,18 +328,29 @@ class FogService:
         self.coordinators = {r.name: r.signing_key for r in idents if r.role == "coordinator"}
         # A change the broker did not take (its test load failed: a busy machine, no free port) is
         # tried again at the next poll: a device enrolled last must not wait for a later change.
-        acl = acl_shut_out(self.site.acl(), self._shut)
-        if acl != self._acl:
-            if self._on_acl is None or self._on_acl(acl) is not False:
-                self._acl = acl
-            else:
-                self._trust_version = -1
+        if not self.push_acl():
+            self._trust_version = -1
         crl = self.site.crl_pem()
         if crl != self._crl:
             if self._on_crl is None or self._on_crl(crl) is not False:
                 self._crl = crl
             else:
                 self._trust_version = -1
+
+    def push_acl(self) -> bool:
+        """Hand the broker the site's ACL as trust.db has it now (any thread); False if it refused.
+
+        The text is read and installed under one lock: two enrolments finishing together must not
+        install their texts out of order, or the older one takes the newer device's rights away
+        (it connects, its writes are dropped, and no later sync puts them back)."""
+        with self._acl_lock:
+            acl = acl_shut_out(self.site.acl(), self._shut)
+            if acl == self._acl:
+                return True
+            if self._on_acl is not None and self._on_acl(acl) is False:
+                return False
+            self._acl = acl
+            return True
 
     # ------------------------------------------------------------ MQTT worker thread
 

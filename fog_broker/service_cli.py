@@ -339,8 +339,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
             return 2
         # A device approved at enrolment connects at once: give it its ACL entry before answering.
         def enrolled() -> None:
-            if on_acl is not None:
-                on_acl(site.acl())
+            svc.push_acl()
             svc.trust_changed()
         enrol = EnrolmentServer(site, args.host, enroll_port, tls_dir, on_change=enrolled).start()
         if not args.no_zeroconf:

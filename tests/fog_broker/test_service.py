@@ -333,6 +333,43 @@ def test_an_acl_the_broker_did_not_take_is_pushed_again(tmp_path: Path) -> None:
         svc.site.close()
 
 
+def test_enrolments_finishing_together_never_install_an_older_acl(tmp_path: Path) -> None:
+    """CI found agents enrolled together that never came alive: each enrolment read the ACL, then
+    installed it after a slow test load, so an older text could land last and take a newer
+    device's rights away. Eight enrolments at once, a broker that takes 20 ms per ACL: the text
+    in force at the end names every device, and no text is installed after a newer one."""
+    from fog_broker.service import FogService, ServiceConfig
+
+    installed: list[str] = []
+
+    def on_acl(text: str) -> bool:
+        time.sleep(0.02)  # the throwaway mosquitto of runtime.broker's test load
+        installed.append(text)
+        return True
+
+    svc = FogService(ServiceConfig(data_dir=tmp_path / "fog", site="acl", trust_poll_s=60), on_acl=on_acl)
+    names = [f"dev-{i}" for i in range(8)]
+    start = threading.Barrier(len(names))
+
+    def enrol_one(name: str) -> None:
+        start.wait(5)
+        svc.site.add_device(name, bytes([len(name)]) * 31 + name[-1].encode(), time.time())
+        svc.push_acl()  # what the enrolment server's on_change does before it answers
+
+    try:
+        threads = [threading.Thread(target=enrol_one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(f"user {n}\n" in installed[-1] for n in names), installed[-1]
+        counts = [sum(f"user {n}\n" in text for n in names) for text in installed]
+        assert counts == sorted(counts), counts  # each text names at least the devices of the one before
+    finally:
+        svc.store.close()
+        svc.site.close()
+
+
 def test_a_stage_slower_than_the_plan_is_re_placed_and_status_says_why(fog: Any, broker: MosquittoBroker,
                                                                        tmp_path: Path) -> None:
     """Issue 22: the device hosting the stage never reports ``throttled``, only p50s four times the

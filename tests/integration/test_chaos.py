@@ -164,7 +164,8 @@ def test_inference_chaos(procs: Procs, tmp_path: Path) -> None:
     snapshots: list[tuple[float, float, dict[str, Any]]] = []
     try:
         wait_for(lambda: sum(d["alive"] for d in client.status(timeout=5)["devices"]) >= N_AGENTS,
-                 120, f"{N_AGENTS} devices alive", interval=0.5, retry_on=Exception)
+                 120, lambda: f"{N_AGENTS} devices alive; fog log:\n{procs.log_tail('fog')}", interval=0.5,
+                 retry_on=Exception)
         client.deploy({"name": "res", "tenant": "chaos", "priority": 10, "replicas": 2, "objective": "latency",
                        "source": SOURCE, "sink": SINK, "selectors": {}, "tolerations": [],
                        "model": "zoo:resnet", "min_partitions": 3, "max_partitions": 3}, timeout=60)
