@@ -33,8 +33,9 @@ from .errors import DecodeError
 __all__ = ["WIRES", "ActivationError", "encode", "decode", "wire_bytes", "rel_error",
            "AccuracyBound", "CutChoice", "choose_wires"]
 
-#: Every wire, most compact first (``int8c`` before ``int8``: same bytes, per-channel is tighter).
-WIRES = ("int8c", "int8", "float16", "float32")
+#: Every wire, most compact first (``int8`` before ``int8c``: one scale per tensor is a few bytes
+#: fewer; per-channel is the tighter of the two, the step taken when per-tensor misses a bound).
+WIRES = ("int8", "int8c", "float16", "float32")
 _HALF = "\0h\0"
 _QUANT = "\0q\0"
 _SCALE = "\0s\0"
@@ -218,7 +219,7 @@ def _bytes_per_frame(batch: Sequence[Mapping[str, np.ndarray]], wire: str) -> in
 
 def choose_wires(cuts: Sequence[Sequence[Mapping[str, np.ndarray]]], bound: AccuracyBound,
                  top1_of: Callable[[Sequence[str]], float] | None = None,
-                 candidates: Sequence[str] = ("int8c", "int8", "float16")
+                 candidates: Sequence[str] = WIRES[:-1]
                  ) -> tuple[tuple[CutChoice, ...], float | None]:
     """A wire per cut, the most compact that keeps ``bound``; and the top-1 agreement reached.
 

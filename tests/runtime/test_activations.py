@@ -129,12 +129,23 @@ def test_arbitrary_input_decodes_or_fails_cleanly(data: dict[str, type], tags: l
 
 def test_choose_most_compact_under_rel_error() -> None:
     cuts = [[_act(s) for s in range(3)], [_act(10 + s) for s in range(3)]]
-    got, _ = choose_wires(cuts, AccuracyBound(max_rel_error=0.02))
+    got, _ = choose_wires(cuts, AccuracyBound(max_rel_error=0.01))  # per-tensor int8: ~0.02
     assert [c.wire for c in got] == ["int8c", "int8c"]
     assert all(c.float32_bytes >= 3.5 * (c.wire_bytes - 32) for c in got)
     got, _ = choose_wires(cuts, AccuracyBound(max_rel_error=1e-3))
     assert [c.wire for c in got] == ["float16", "float16"]
     assert all(c.rel_error <= 1e-3 and c.float32_bytes >= 1.9 * c.wire_bytes for c in got)
+
+
+def test_per_tensor_int8_first_when_it_meets_the_bound() -> None:
+    """One scale per tensor is the fewest bytes (4x fewer than float32 up to the scale): a loose
+    bound takes it; per-channel only when per-tensor misses the bound."""
+    cuts = [[_act(s) for s in range(3)]]
+    got, _ = choose_wires(cuts, AccuracyBound(max_rel_error=0.2))
+    assert got[0].wire == "int8"
+    assert got[0].wire_bytes < choose_wires(cuts, AccuracyBound(max_rel_error=0.01))[0][0].wire_bytes
+    top1, _ = choose_wires(cuts, AccuracyBound(min_top1=0.99), lambda wires: 1.0)
+    assert top1[0].wire == "int8"
 
 
 def test_unmeetable_bound_falls_back_to_float32_and_says_so() -> None:
