@@ -21,9 +21,14 @@ Measured in the same run, on the same fleet:
   ``simulations.netshape``, each stage's agent in a network namespace of its own with ``tbf``
   on its veth pair; the first stage's uplink and the second's downlink are slow, the frame's
   way in and the answer's way out are not): frames/s of float32, float16 and int8 cuts on that
-  same link, each against the scheduler's prediction, and the gain over float32.
+  same link, each against the scheduler's prediction, and the gain over float32;
+- a ``kill -9`` of one stage's device mid-stream (``--kill-only`` alone): the throughput plan with
+  2 replicas over 4 simulated workers, frames streamed pipelined (``FogClient.stream_results``):
+  frames lost (none may be) and in order, frames/s before the kill (the baseline), the longest
+  gap between answers after it, and when frames/s is back to 90 % of the baseline (1 s windows).
 
-Run: ``python -m benchmarks.pipeline_bench [--quick]`` (or ``fogline bench pipeline``).
+Run: ``python -m benchmarks.pipeline_bench [--quick] [--slow-link-only | --kill-only]`` (or
+``fogline bench pipeline``).
 JSON on stdout and in out/bench/pipeline.json.
 """
 from __future__ import annotations
@@ -35,6 +40,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +148,103 @@ def _slow_link_agents(site: Any, tmp: Path, args: argparse.Namespace, links: lis
     return groups
 
 
+def kill_figures(answers: Sequence[float], first: float, killed_at: float, stop_at: float,
+                 window_s: float = 1.0, share: float = 0.9) -> dict[str, float | None]:
+    """The kill phase's figures from the answers' arrival times (monotonic s, ascending).
+
+    ``first`` is the first answer, ``stop_at`` when the last frame was sent. Frames/s before the
+    kill counts the answers after ``first`` up to the kill; the rate is back at the end of the
+    first ``window_s`` window wholly after the kill that holds >= ``share`` of it (so never
+    sooner than ``window_s``: a window reaching back before the kill would hide a stall).
+    """
+    before = sum(1 for t in answers if first < t <= killed_at) / (killed_at - first)
+    after = [t for t in answers if t > killed_at]
+    gaps = [b - a for a, b in pairwise([killed_at, *after])]
+    back = next((end for end in (killed_at + window_s, *after)
+                 if killed_at + window_s <= end <= stop_at
+                 and sum(1 for t in after if end - window_s < t <= end) >= share * before * window_s),
+                None)
+    fps_back = (sum(1 for t in after if back < t <= stop_at) / (stop_at - back)
+                if back is not None and stop_at > back else None)
+    return {"fps_before_kill": before, "max_gap_after_kill_s": max(gaps, default=None),
+            "rate_back_after_s": None if back is None else back - killed_at,
+            "fps_after_recovery": fps_back}
+
+
+def _kill_phase(site: Any, c: Any, tmp: Path, args: argparse.Namespace, base: dict[str, Any],
+                frames: list[dict[str, np.ndarray]], refs: list[np.ndarray],
+                groups: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """The throughput plan with 2 replicas over 4 simulated workers, each its own process, frames
+    streamed pipelined; ``kill -9`` of the process group of replica 0's last stage's device after
+    ``--kill-pre`` s of answers, then ``--kill-post`` s more frames. Lost: frames the client sent
+    (each given a request id) without an answer; in order: each answer is its own frame's (within
+    1e-3 of the whole model's answer; neighbouring frames' answers differ by far more)."""
+    import signal
+
+    from fog_broker.client import InferenceError
+    from runtime.errors import LocalViolation
+
+    ids = [f"kill{i}" for i in range(4)]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for d in ids:
+        w = {"id": d, "memory": 200_000_000, "flops": args.flops, "link_bps": args.link,
+             "model_compute": True, "labels": {"role": "kill", "power-domain": d}}
+        procs[d] = site.spawn_agents([w], tmp / "agents", tmp / f"{d}.log", host="127.0.0.1")
+        groups.append(procs[d])
+    _wait(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= set(ids), 180,
+          "kill-phase agents alive")
+    c.deploy({"name": "kill9", **base, "selectors": {"role": "kill"}, "objective": "throughput",
+              "replicas": 2, "min_partitions": 2, "max_partitions": 2}, timeout=120)
+    w = c.wait_running("kill9", 180)
+    rep0 = next(r for r in w["placement"] if r["replica"] == 0)
+    victim = rep0["partitions"][-1]["device"]
+    c.infer_many("kill9", frames[:4], window=2, timeout=30)  # warm both chains
+    sent, first, killed_at, stop_at = 0, 0.0, 0.0, float("inf")
+
+    def feed() -> Any:
+        nonlocal sent
+        while time.monotonic() < stop_at:
+            sent += 1
+            yield frames[(sent - 1) % len(frames)]
+
+    times: list[float] = []
+    oks, errs = 0, []
+    error = None
+    try:
+        for k, res in enumerate(c.stream_results("kill9", feed(), window=args.window, timeout=30)):
+            now = time.monotonic()
+            times.append(now)
+            if res.ok:
+                oks += 1
+                y, r = next(iter(res.tensors.values())), refs[k % len(refs)]
+                errs.append(float(np.linalg.norm(y - r) / np.linalg.norm(r)))
+            if not first:
+                first = now
+            elif not killed_at and now - first >= args.kill_pre:
+                killed_at = time.monotonic()
+                os.killpg(procs[victim].pid, signal.SIGKILL)
+                stop_at = killed_at + args.kill_post
+    except (InferenceError, LocalViolation, TimeoutError) as exc:  # unanswered: counted as lost
+        error = str(exc)
+    after = _row(c, "kill9")
+    c.delete("kill9")
+    figs = kill_figures(times, first, killed_at, stop_at) if killed_at else {}
+    return {"replicas": 2, "workers": ids, "window": args.window,
+            "partitions": {r["replica"]: [p["device"] for p in r["partitions"]]
+                           for r in w["placement"]},
+            "killed": f"{victim} (replica 0, last stage), kill -9 of its process group",
+            "frames_sent": sent, "answered_ok": oks, "lost": sent - len(times), "error": error,
+            "in_order": len(errs) == len(times) and max(errs, default=1.0) < 1e-3,
+            "answer_rel_error_max": max(errs, default=None),
+            "neighbour_rel_diff_min": min((float(np.linalg.norm(a - b) / np.linalg.norm(a))
+                                           for a, b in pairwise(refs)), default=None),
+            "before_s": args.kill_pre, "after_s": args.kill_post,
+            **{k: None if v is None else round(v, 3) for k, v in figs.items()},
+            "healthy_replicas_after": after["healthy_replicas"],
+            "rate_back_means": "end of the first 1 s window wholly after the kill with >= 90 % of "
+                               "the frames/s before it (>= 1 s by construction)"}
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -166,11 +269,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                            "frames": args.frames, "serial_frames": args.serial,
                            "device_flops": args.flops, "device_link_bps": args.link,
                            "whole_model_local_1_thread_s": round(local_s, 4)}
-    if not args.slow_link_only:
+    rest = not (args.slow_link_only or args.kill_only)  # the phases before the slow link
+    if rest:
         res["plans_cost_model"] = _plans(path, args.flops, args.link)
     from simulations.netshape import NetShape
 
-    why = NetShape.probe() if args.slow_link else "--slow-link 0"
+    why = ("--kill-only" if args.kill_only else
+           NetShape.probe() if args.slow_link else "--slow-link 0")
     shape = NetShape()
     # links slow from the start, deploys included: the fog's deploy ack window covers shipping a
     # partition (~6 MB) over the downlink the agent advertises
@@ -198,7 +303,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             want |= {"slow0", "slow1"}
         # each worker its own process: two stages on two cores. "sim": a stage takes at least
         # its FLOPs / the advertised FLOP/s (the cost model's device); "real": what the CPU takes.
-        for mode in () if args.slow_link_only else ("sim", "real"):
+        for mode in ("sim", "real") if rest else ():
             want |= {f"{mode}0", f"{mode}1"}
             for i in range(2):
                 w = {"id": f"{mode}{i}", "memory": 200_000_000, "flops": args.flops,
@@ -221,7 +326,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             return [[p["segments"][0], p["segments"][1], p["device"]]
                     for p in w["placement"][0]["partitions"]]
 
-        for mode in () if args.slow_link_only else ("sim", "real"):
+        for mode in ("sim", "real") if rest else ():
             # 1. throughput objective: one at a time (the baseline) vs pipelined
             deploy(f"thr-{mode}", mode, objective="throughput", min_partitions=2,
                    max_partitions=2)
@@ -247,7 +352,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             c.delete(f"lat-{mode}")
         # 3. compressed cuts (simulated devices)
         comp: dict[str, Any] = {}
-        for name, bound in () if args.slow_link_only else (
+        for name, bound in () if not rest else (
                 ("float16", {"max_activation_error": 1e-3}), ("int8", {"min_top1_agreement": 0.99})):
             w = deploy(name, "sim", objective="throughput", min_partitions=2, max_partitions=2,
                        **bound)
@@ -308,6 +413,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for name in ("float16", "int8"):
                 slow[name]["fps_gain_vs_float32"] = round(slow[name]["pipelined_fps"] / base_fps, 3)
         res["slow_link"] = slow
+        if not args.slow_link_only:  # 5. kill -9 of one stage's device mid-stream
+            res["kill9"] = _kill_phase(site, c, tmp, args, base, frames, refs, groups)
         c.close()
     finally:
         children.stop_all(groups, 10.0)
@@ -332,14 +439,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slow-window", type=positive_int, default=4,
                     help="requests in flight on the slow link (a deeper queue on a saturated uplink "
                          "holds the agent's heartbeats back too: the fog may declare it lost)")
-    ap.add_argument("--slow-link-only", action="store_true",
-                    help="only the slow-link part (float32 vs float16 vs int8 on one link)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--slow-link-only", action="store_true",
+                      help="only the slow-link part (float32 vs float16 vs int8 on one link)")
+    only.add_argument("--kill-only", action="store_true",
+                      help="only the kill part (kill -9 of a stage's device mid-stream)")
+    ap.add_argument("--kill-pre", type=positive_float, default=6.0,
+                    help="seconds of answers before the kill (its frames/s baseline)")
+    ap.add_argument("--kill-post", type=positive_float, default=12.0,
+                    help="seconds frames are sent after the kill")
     ap.add_argument("--model", type=existing_file, help="another ONNX file with one 'images' input (default YOLOv8n)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.ERROR)
     if args.quick:
         args.frames, args.serial = min(args.frames, 24), min(args.serial, 10)
         args.slow_frames = min(args.slow_frames, 12)
+        args.kill_pre, args.kill_post = min(args.kill_pre, 4.0), min(args.kill_post, 8.0)
     out: dict[str, Any] = {"benchmark": "pipeline", "quick": args.quick, "cpu_count": os.cpu_count(),
                            "loadavg_at_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as d:

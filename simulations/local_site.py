@@ -184,12 +184,13 @@ class LocalSite:
 
     def spawn_agents(self, agents: list[dict[str, Any]], directory: str | Path, log: str | Path,
                      interval: float = 1.0, *, host: str | None = None,
-                     wrap: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+                     wrap: Sequence[str] = (), port: int | None = None) -> subprocess.Popen[bytes]:
         """One process of simulated agents with custom profiles (``simulations.agent_group``), enrolled
         with a fresh token; in its own session, so ``os.killpg`` is a kill -9 of the whole group.
         ``wrap`` prefixes the command (``ip netns exec NS``: a shaped link, ``simulations.netshape``)
-        and ``host`` is the fog's address from there."""
-        spec = {"agents": agents, "dir": str(directory), "port": self.port, "enroll": self.enroll,
+        and ``host`` is the fog's address from there; ``port`` the MQTT port they reach it at (a
+        ``simulations.wan_relay.WanLink`` in between; enrolment still goes direct)."""
+        spec = {"agents": agents, "dir": str(directory), "port": port or self.port, "enroll": self.enroll,
                 "token": self.token(uses=len(agents)), "interval": interval}
         if host is not None:
             spec["host"] = host
