@@ -32,6 +32,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,6 +71,7 @@ from .cache import ArtifactCache
 from .commands import LOAD_FAILED, check_deploy
 from .credentials import FOG_EPOCH_FILE, NOT_ENROLLED, REPLAY_FILE, FogInfo, load_fog_info
 from .executor import Executor, LoadError
+from .lane import DataLane, lane_budget
 from .readings import Capabilities, Reading
 from .stats import LinkEstimator
 
@@ -167,6 +169,10 @@ class Agent:
         self.identity = load_identity(self.data_dir, cfg.device_id)
         self.topics = Topics(cfg.site)
         self.link = LinkEstimator()
+        # data-plane publishes wait for room in a byte budget so STATE adverts do not queue behind
+        # seconds of activations on a slow uplink (issue 21); one lock keeps publish order = ack order
+        self.lane = DataLane(lambda: lane_budget(self.link.uplink_bps))
+        self._publish_lock = threading.Lock()
         self.counters: collections.Counter[str] = collections.Counter()
         self._count_lock = threading.Lock()
         self.fog_info: FogInfo | None = load_fog_info(self.data_dir)
@@ -230,6 +236,7 @@ class Agent:
         self.client.subscribe(t.device(cfg.device_id, ACT), self._on_activation)
         self.client.subscribe(t.time(), self._enqueue)
         self.client.on_connected.append(lambda: self._inbox.put(("connected", None)))
+        self.client.on_connected.append(self.lane.reset)  # the old connection's acks may never come
         self._thread = threading.Thread(target=self._loop, name=f"agent-{cfg.device_id}", daemon=True)
         self._stopped = threading.Event()
 
@@ -255,6 +262,7 @@ class Agent:
             handle = self.client.publish(self.topics.device(self.device_id, DEATH), self._death, qos=1)
             handle.wait(min(timeout, 1.0))
         self.client.stop(disconnect=not crash)
+        self.lane.close()
         self.executor.stop()
         self.phase = Phase.STOPPED
         self._write_status(force=True)
@@ -637,14 +645,23 @@ class Agent:
     def _publish_signed(self, leaf: str, msg: Message) -> None:
         self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, self.wall()))
 
-    def _publish(self, topic: str, payload: bytes) -> None:
-        sent = time.monotonic()
-        handle = self.client.publish(topic, payload, qos=1)
-        if self.client.connected:
-            watcher().track(handle, len(payload), sent, self.link)
+    def _publish(self, topic: str, payload: bytes,
+                 on_done: Callable[[bool], None] | None = None) -> bool:
+        """Publish at QoS1 and time the ack; False when offline (then ``on_done`` never runs)."""
+        with self._publish_lock:  # the ack watcher sees publishes in send order
+            sent = time.monotonic()
+            handle = self.client.publish(topic, payload, qos=1)
+            if not self.client.connected:
+                return False
+            watcher().track(handle, len(payload), sent, self.link, on_done)
+            return True
 
     def _publish_data(self, topic: str, payload: bytes) -> None:
-        self._publish(topic, payload)
+        """A data-plane publish (forwarded activation, result): waits for room in the lane."""
+        ticket = self.lane.acquire(len(payload))
+        if not self._publish(topic, payload,
+                             lambda acked: self.lane.release(ticket, given_up=not acked)):
+            self.lane.release(ticket)
 
     # ------------------------------------------------------------ introspection
 
@@ -667,6 +684,7 @@ class Agent:
                             "joules_per_inference": p.joules_per_inference,
                             "energy_measured": p.energy_measured} for p in ex.statuses()],
             "link": {"uplink_bps": self.link.uplink_bps, "rtt_s": self.link.rtt_s},
+            "lane": self.lane.status(),
             "mqtt": {"received": mc.received, "dropped_oversized": mc.dropped_oversized,
                      "dropped_overflow": mc.dropped_overflow, "connects": mc.connects,
                      "last_error": self.client.last_error},

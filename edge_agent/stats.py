@@ -42,14 +42,44 @@ class LinkEstimator:
     samples; the bandwidth the median of recent large samples after
     subtracting that RTT. Medians, not means: one stalled ack (GC pause,
     retransmission) must not halve the estimate.
+
+    On a busy link publishes queue behind each other on the one connection,
+    so an ack time includes the wait behind earlier frames; ``complete``
+    (acks of one connection, in send order) measures a queued publish from
+    the previous ack instead.
     """
 
-    __slots__ = ("_bw", "_rtt", "large_bytes")
+    __slots__ = ("_bw", "_last_ack", "_rtt", "large_bytes")
 
     def __init__(self, large_bytes: int = 64 * 1024, window: int = 16) -> None:
         self.large_bytes = large_bytes
         self._rtt: deque[float] = deque(maxlen=window)
         self._bw: deque[float] = deque(maxlen=window)
+        self._last_ack: float | None = None
+
+    def complete(self, nbytes: int, sent_at: float, acked_at: float) -> None:
+        """One publish acked; call in send order with its (monotonic) send and ack times.
+
+        Acks of one connection come in order. A publish sent before the previous
+        one was acked queued behind it: its bytes went on the wire as the earlier
+        bytes drained, so its transfer time is ``acked_at`` minus the previous ack
+        (no RTT subtracted: it was flowing while that ack came back), capped at
+        its own unqueued time; a small queued publish gives no RTT sample. An
+        unqueued publish is measured as ``observe`` does.
+        """
+        prev = self._last_ack
+        self._last_ack = acked_at if prev is None else max(prev, acked_at)
+        if prev is None or sent_at >= prev:
+            self.observe(nbytes, acked_at - sent_at)
+            return
+        if nbytes < self.large_bytes:
+            return
+        transfer = acked_at - prev
+        rtt = self.rtt_s
+        if rtt is not None and acked_at - sent_at - rtt > 0:
+            transfer = min(transfer, acked_at - sent_at - rtt)
+        if transfer > 0:  # acks seen in one poll share a time: no sample
+            self._bw.append(8.0 * nbytes / transfer)
 
     def observe(self, nbytes: int, elapsed_s: float) -> None:
         if not (elapsed_s > 0 and nbytes >= 0):
