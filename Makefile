@@ -47,7 +47,7 @@ GATE := $(if $(filter 1,$(SKIP_CHECK)),,check)
 test: $(STAMP) $(GATE) mosquitto chromium
 	@$(if $(GATE),,echo "SKIP_CHECK=1: this run skips the static gate (make check)")
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
-	  $(BIN)/pytest -q $(PYTEST_ARGS)
+	  $(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
 
 # make test beside STRESS_HOGS CPU-burning processes (the suite must not need a quiet machine);
 # the hogs live as long as the run and it prints the suite's time.

@@ -58,10 +58,12 @@ class Range:
 #: ``DeviceResources``. ``plausible`` is a softer cap: a claim above it is within the protocol but
 #: beyond any real device, so the fog clamps it and flags the device instead of rejecting it.
 RESOURCE_RANGES: Mapping[str, Range] = MappingProxyType({
-    "flops": Range(0.0, 1e18, "FLOP/s", lo_open=True, plausible=5e14),  # AGX Orin int8 ~2.75e14
+    # rates start at 1 (a FLOP, a bit per second): below that no device exists, and 1/rate
+    # would overflow the scheduler's float64 costs (0 FLOPs x inf s/FLOP is NaN, not 0)
+    "flops": Range(1.0, 1e18, "FLOP/s", plausible=5e14),  # AGX Orin int8 ~2.75e14
     "memory_bytes": Range(0, 1 << 60, "bytes", plausible=1 << 40),
-    "uplink_bps": Range(0.0, 1e13, "bit/s", lo_open=True, plausible=1e11),
-    "downlink_bps": Range(0.0, 1e13, "bit/s", lo_open=True, plausible=1e11),
+    "uplink_bps": Range(1.0, 1e13, "bit/s", plausible=1e11),
+    "downlink_bps": Range(1.0, 1e13, "bit/s", plausible=1e11),
     "rtt_s": Range(0.0, 3600.0, "s"),
     "power_active_w": Range(0.0, 1e5, "W"),
     "power_idle_w": Range(0.0, 1e5, "W"),

@@ -59,6 +59,7 @@ from runtime.messages import Hop, PartitionStatus
 
 from ..placement.model import (
     ChainProfile,
+    Device,
     Fleet,
     PartitionPlacement,
     Plan,
@@ -73,6 +74,11 @@ __all__ = [
     "DeployPartition", "UndeployPartition", "Persist", "Command", "ScheduleFn", "sub_profile",
     "Switch", "MAKE_BEFORE_BREAK", "ROLLING", "BREAK_BEFORE_MAKE",
 ]
+
+# Why a partition was lost when its device died (not when the partition failed there): the
+# device may take it back once it has rejoined.
+_LOST, _NOT_ALIVE, _NOT_REPORTED = "device lost", "device not alive", "not reported after restart"
+_DIED = frozenset((_LOST, _NOT_ALIVE, _NOT_REPORTED))
 
 PartKey = tuple[str, int, int, int]  # workload, version, replica, index
 AWAIT_BUILD = "await-build"  # sha256 placeholder of a re-planned key until its artifact is built
@@ -359,7 +365,7 @@ class Controller:
             if a.device == device_id and a.phase is not Phase.LOST:
                 a.phase = Phase.LOST
                 a.lost_at = now
-                a.reason = "device lost"
+                a.reason = _LOST
 
     def ack(self, command_id: str, device_id: str, ok: bool, reason: str, now: float) -> list[Command]:
         key = self._by_command.pop(command_id, None)
@@ -395,22 +401,22 @@ class Controller:
                     dev = fleet.get(a.device)
                     a.phase = Phase.PENDING if dev is not None and dev.alive else Phase.LOST
                     a.lost_at = now
-                    a.reason = "not reported after restart"
+                    a.reason = _NOT_REPORTED
             for sw in self.switches.values():
                 for a in sw.parts.values():
                     if a.phase is Phase.UNCONFIRMED:  # an old version is never redeployed
-                        a.phase, a.lost_at, a.reason = Phase.LOST, now, "not reported after restart"
+                        a.phase, a.lost_at, a.reason = Phase.LOST, now, _NOT_REPORTED
             self._need_plan = True
         alive = fleet.cache.get("alive_ids")
         if alive is None:  # derived from the immutable snapshot: computed once per snapshot
             alive = fleet.cache["alive_ids"] = frozenset(d.id for d in fleet.devices if d.alive)
         for a in self.assignments.values():
             if a.phase is not Phase.LOST and a.device not in alive:
-                a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
+                a.phase, a.lost_at, a.reason = Phase.LOST, now, _NOT_ALIVE
         for sw in self.switches.values():
             for a in sw.parts.values():
                 if a.phase is not Phase.LOST and a.device not in alive:
-                    a.phase, a.lost_at, a.reason = Phase.LOST, now, "device not alive"
+                    a.phase, a.lost_at, a.reason = Phase.LOST, now, _NOT_ALIVE
         self._expire(now)
         out.extend(self._repair(fleet, now))
         if self._need_plan or (now - self._last_plan >= self.config.replan_interval_s
@@ -778,7 +784,10 @@ class Controller:
         used = self._used(fleet, skip=a.key)
         devices = []
         for d in fleet.devices:
-            banned = (d.id in same_chain or d.id in a.excluded or d.id == a.device
+            # the device it was lost on only when it died and has come back (a new epoch: nothing
+            # of it is left); a partition that failed there, or gave up on it, goes elsewhere
+            banned = (d.id in same_chain or d.id in a.excluded
+                      or (d.id == a.device and a.reason not in _DIED)
                       or (w.replicas > 1 and d.power_domain in other_domains))
             u = used.get(d.id, 0.0)
             if not banned and u == 0.0:
@@ -791,11 +800,28 @@ class Controller:
                        priority=w.priority, replicas=1, objective=w.objective, selectors=w.selectors,
                        tolerations=w.tolerations, max_partitions=1,
                        profile=sub_profile(w.profile, a.first, a.last))
-        plan = self.schedule(Fleet(tuple(devices)), [sub], current=None, quotas=None)
-        res = plan.workloads[0]
-        if not res.placed or len(res.replicas[0].partitions) != 1:
-            return None
-        return res.replicas[0].partitions[0].device
+
+        def place(candidates: list[Device]) -> str | None:
+            plan = self.schedule(Fleet(tuple(candidates)), [sub], current=None, quotas=None)
+            res = plan.workloads[0]
+            if not res.placed or len(res.replicas[0].partitions) != 1:
+                return None
+            return res.replicas[0].partitions[0].device
+
+        if w.replicas > 1:
+            # Replicas keep off each other's power domains, so a domain this replica takes is one
+            # the others can no longer repair into: a device in a domain the chain already uses
+            # (the lost one's included) comes first, a new domain only when none of those fits.
+            lost = fleet.get(a.device)
+            own = {d.power_domain for d in (fleet.get(x) for x in same_chain) if d is not None}
+            if lost is not None:
+                own.add(lost.power_domain)
+            frugal = [d if d.power_domain in own or d.id in (src, snk) else replace(d, alive=False)
+                      for d in devices]
+            found = place(frugal)
+            if found is not None:
+                return found
+        return place(devices)
 
     def _plan(self, fleet: Fleet, now: float) -> list[Command]:
         self._need_plan = False

@@ -148,7 +148,8 @@ def _static_keys(table: DeviceTable, objective: str, T: np.ndarray | None = None
     row per segment (no slower on every segment), which is what the swap argument needs.
     """
     if objective == "energy":
-        compute = [-(table.pact / table.flops)] if T is None else list(-(T * table.pact))
+        with np.errstate(over="ignore", divide="ignore"):  # at the ranges' edges the cost is inf
+            compute = [-(table.pact / table.flops)] if T is None else list(-(T * table.pact))
         return np.stack([*compute, -table.tx, -table.rx])
     compute = [table.flops] if T is None else list(-T)
     return np.stack([*compute, -table.rtt, table.up, table.down])

@@ -316,6 +316,63 @@ def test_healthy_replica_survives_an_unrepairable_loss() -> None:
     assert [d.device for d in deploys(cmds)] == ["c"] and not undeploys(cmds)
 
 
+def test_a_repair_stays_in_the_power_domains_its_replica_already_uses() -> None:
+    """Replicas keep off each other's power domains, so a repair that takes a fresh domain leaves
+    the other replica one fewer to repair into (the chaos test once lost its second replica for
+    good that way). A spare in the chain's own domain wins over a faster one in a new domain;
+    with no such spare the new domain is used."""
+    c = Controller(schedule)
+    c.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
+    f = fleet(SRC, *(dev(n) for n in "abcd"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    chain0 = [h.device_id for h in dict(c.chains("w"))[0]]
+    keep, victim = chain0
+    domain = {d.id: d.power_domain for d in f.devices}
+    c.device_lost(victim, 1.0)
+    spares = (dev("same", domain=domain[keep]), dev("fresh", flops=1e11, domain="pd-new"))
+    f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices], *spares)
+    assert [d.device for d in deploys(c.reconcile(f2, {}, 1.5))] == ["same"]
+    # no spare in the chain's domains: a new domain it is
+    c2 = Controller(schedule)
+    c2.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
+    ack_all(c2, c2.reconcile(f, {}, 0.0), 0.1)
+    c2.device_lost(victim, 1.0)
+    f3 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices], spares[1])
+    assert [d.device for d in deploys(c2.reconcile(f3, {}, 1.5))] == ["fresh"]
+
+
+def test_a_device_that_died_and_came_back_takes_its_lost_partition_again() -> None:
+    """Replica 1 can only live on its own power domains; one of its devices dies and no other
+    device may take the partition. When the device rejoins, the partition is deployed on it
+    again (before, it stayed lost for good: the repair never went back to the device it was
+    lost on, and a whole re-plan kept the lost assignment as it was)."""
+    c = Controller(schedule)
+    c.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
+    f = fleet(SRC, *(dev(n) for n in "abcd"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    victim = dict(c.chains("w"))[1][0].device_id
+    c.device_lost(victim, 1.0)
+    f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices])
+    assert deploys(c.reconcile(f2, reported_of(c), 1.5)) == []  # nowhere to go while it is away
+    assert len(c.chains("w")) == 1
+    cmds = c.reconcile(f, reported_of(c), 3.0)                  # it is back
+    assert [d.device for d in deploys(cmds)] == [victim]
+    ack_all(c, cmds, 3.1)
+    assert [r for r, _ in c.chains("w")] == [0, 1]
+
+
+def test_a_partition_that_failed_on_a_device_is_not_sent_back_to_it() -> None:
+    c = Controller(schedule)
+    c.set_workload(workload(), 1)
+    f = fleet(SRC, dev("a"), dev("b"))
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    a = c.assignments_of("w")[0]
+    failed = {**reported_of(c), a.device: (PartitionStatus(*a.key, sha256=a.sha256 or "0" * 64,
+                                                           health="failed"),)}
+    moved = [d.device for d in deploys(c.reconcile(f, failed, 1.0))]
+    assert a.device not in moved
+
+
 def test_a_replanned_key_on_the_same_device_ignores_reports_of_the_old_partition() -> None:
     from fog_broker.placement.model import PartitionPlacement, ReplicaPlacement
 

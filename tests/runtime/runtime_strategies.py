@@ -51,6 +51,10 @@ NAME_HINTS: dict[str, st.SearchStrategy[Any]] = {
     "battery_level": st.none() | st.floats(0.0, 1.0),
     "hop": st.integers(0, 2),
     "keys": st.lists(st.binary(min_size=32, max_size=32), max_size=3).map(tuple),
+    # device rates start at 1 (runtime.devices.RESOURCE_RANGES): most generic floats lie below
+    "flops": st.floats(1.0, 1e12),
+    "uplink_bps": st.floats(1.0, 1e12),
+    "downlink_bps": st.floats(1.0, 1e12),
 }
 # Tuple fields that validate() wants non-empty (Activation.route must contain hop).
 MIN_SIZES = {"route": 1}
