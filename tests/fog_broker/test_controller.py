@@ -316,15 +316,21 @@ def test_healthy_replica_survives_an_unrepairable_loss() -> None:
     assert [d.device for d in deploys(cmds)] == ["c"] and not undeploys(cmds)
 
 
+def _two_running_replicas(f: Fleet) -> Controller:
+    """A 2-replica, 2-partition workload placed on ``f`` and running (every deploy acked)."""
+    c = Controller(schedule)
+    c.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
+    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    return c
+
+
 def test_a_repair_stays_in_the_power_domains_its_replica_already_uses() -> None:
     """Replicas keep off each other's power domains, so a repair that takes a fresh domain leaves
     the other replica one fewer to repair into (the chaos test once lost its second replica for
     good that way). A spare in the chain's own domain wins over a faster one in a new domain;
     with no such spare the new domain is used."""
-    c = Controller(schedule)
-    c.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
     f = fleet(SRC, *(dev(n) for n in "abcd"))
-    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    c = _two_running_replicas(f)
     chain0 = [h.device_id for h in dict(c.chains("w"))[0]]
     keep, victim = chain0
     domain = {d.id: d.power_domain for d in f.devices}
@@ -333,9 +339,7 @@ def test_a_repair_stays_in_the_power_domains_its_replica_already_uses() -> None:
     f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices], *spares)
     assert [d.device for d in deploys(c.reconcile(f2, {}, 1.5))] == ["same"]
     # no spare in the chain's domains: a new domain it is
-    c2 = Controller(schedule)
-    c2.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
-    ack_all(c2, c2.reconcile(f, {}, 0.0), 0.1)
+    c2 = _two_running_replicas(f)
     c2.device_lost(victim, 1.0)
     f3 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices], spares[1])
     assert [d.device for d in deploys(c2.reconcile(f3, {}, 1.5))] == ["fresh"]
@@ -346,10 +350,8 @@ def test_a_device_that_died_and_came_back_takes_its_lost_partition_again() -> No
     device may take the partition. When the device rejoins, the partition is deployed on it
     again (before, it stayed lost for good: the repair never went back to the device it was
     lost on, and a whole re-plan kept the lost assignment as it was)."""
-    c = Controller(schedule)
-    c.set_workload(workload(replicas=2, min_partitions=2, max_partitions=2), 1)
     f = fleet(SRC, *(dev(n) for n in "abcd"))
-    ack_all(c, c.reconcile(f, {}, 0.0), 0.1)
+    c = _two_running_replicas(f)
     victim = dict(c.chains("w"))[1][0].device_id
     c.device_lost(victim, 1.0)
     f2 = fleet(*[replace(d, alive=d.id != victim) for d in f.devices])
