@@ -1,25 +1,49 @@
-"""Inference router bookkeeping (pure): pending requests, attempts, deadlines, failover.
+"""Inference router bookkeeping (pure): pending requests, attempts, deadlines, spreading, admission.
 
 The shell hands it a request together with the healthy replica chains of the
-workload (primary first) and the clocks; the router answers with commands:
-send an ``Activation`` to the first hop, or reply to the client. Every accepted
-request ends in exactly one ``ReplyClient`` (a result or an error): on an error
-or a timeout it retries once on another chain, then answers with the error.
+workload and the clocks; the router answers with commands: send an
+``Activation`` to the first hop, or reply to the client. Every accepted request
+ends in exactly one ``ReplyClient`` (a result or an error).
+
+* **Every replica serves.** A request goes to the chain that would finish it
+  first: the outstanding work queued at each device of the route (each pending
+  attempt's measured stage time at that device) plus the chain's own latency
+  (its stage times and a learned per-chain overhead). Stage times come from the
+  devices' state adverts (``note_stage``); before any is known, the chain with the
+  fewest requests outstanding wins.
+* **Admission against the deadline.** Each request carries a deadline (its own
+  ``timeout_s``, else the workload's ``slo_s``, else ``default_timeout_s``). A
+  request no chain is predicted to finish in time is refused at once
+  (``failure="overloaded"``, with ``retry_after_s``), not queued until it times
+  out; a hard bound (``max_outstanding`` per chain, ``max_pending`` in all) holds
+  when nothing is measured yet. Expired work is never sent.
+* **Failover.** After an error, a lost device or an attempt's own timeout, a
+  request is retried once on another chain, only when that chain is predicted
+  to finish it within its deadline; otherwise an attempt that may still make it
+  keeps its chain until the deadline.
+* **Ordered streams.** Requests naming a ``stream`` are answered in the order
+  they were accepted (a reorder buffer per client and stream); a refusal at
+  admission is immediate (it never entered the stream).
+
+``RouterConfig(spread=False, admit=False)`` is the router before issue 32
+(primary chain only, half the budget per attempt, no admission): the serving
+benchmark's baseline.
 """
 from __future__ import annotations
 
 import bisect
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
 __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain", "LatencyHistogram",
-           "LATENCY_BUCKETS_S"]
+           "LATENCY_BUCKETS_S", "WorkloadStats"]
 
 Chain = tuple[int, tuple[Hop, ...]]  # (replica, route)
+StageKey = tuple[str, int, int, int]  # workload, version, replica, index
 
 
 def _chain_id(chain: Chain) -> tuple[int, int]:
@@ -32,6 +56,9 @@ def _chain_id(chain: Chain) -> tuple[int, int]:
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                         2.5, 5.0, 10.0, 30.0)
 MAX_HISTOGRAMS = 1000  # workloads with a latency histogram; beyond this, new names share one
+_MAX_STAGES = 20_000   # measured stage times kept (bounded whatever devices report)
+_MAX_STREAMS = 10_000  # ordered streams with answers held
+_RATE_EVENTS = 4096    # per workload and kind: the events a windowed rate is read from
 
 
 @dataclass(slots=True)
@@ -54,9 +81,14 @@ class LatencyHistogram:
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     max_attempts: int = 2            # the first chain, then one other
-    max_pending: int = 10_000        # beyond this, new requests are refused at once
-    default_timeout_s: float = 5.0
+    max_pending: int = 10_000        # all workloads: beyond this, new requests are refused at once (memory)
+    max_outstanding: int = 64        # per chain (a device's queue): the bound while nothing is measured
+    default_timeout_s: float = 5.0   # a request without a timeout, of a workload without slo_s
     max_timeout_s: float = 120.0
+    spread: bool = True              # over every healthy chain (False: the primary only, the old router)
+    admit: bool = True               # refuse what cannot finish in time (False: queue until it times out)
+    overhead_gain: float = 0.2       # EWMA weight of each answer in a chain's learned overhead
+    max_overhead_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +106,18 @@ class ReplyClient:
 Command = SendActivation | ReplyClient
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadStats:
+    """What an autoscaler reads of one workload over the last ``window_s`` (rates per second)."""
+
+    offered_rps: float      # requests received (admitted or refused)
+    goodput_rps: float      # answered within their deadline
+    shed_rps: float         # refused at admission (predicted to miss their deadline)
+    utilization: float      # busy share of the chains' bottleneck stages (0..1; 0 when unmeasured)
+    chains: int
+    outstanding: int        # requests in flight now
+
+
 @dataclass(slots=True)
 class _Pending:
     request: InferenceRequest
@@ -84,6 +128,28 @@ class _Pending:
     chain: Chain
     tried: set[tuple[int, int]] = field(default_factory=set)  # chain ids (``_chain_id``)
     errors: list[str] = field(default_factory=list)
+    sent_at: float = 0.0
+    work: tuple[tuple[str, float], ...] = ()  # (device, stage s) this attempt adds to device queues
+    wait_s: float = 0.0       # predicted queueing when sent (for the chain's learned overhead)
+    stream: tuple[str, str] | None = None
+
+
+@dataclass(slots=True)
+class _Rates:
+    offered: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_EVENTS))
+    good: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_EVENTS))
+    shed: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_EVENTS))
+    answered: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_EVENTS))
+
+
+def _rate(ts: deque[float], now: float, window_s: float) -> float:
+    if not ts:
+        return 0.0
+    start = now - window_s
+    if ts[0] >= start and len(ts) == ts.maxlen:  # the deque holds less than the window
+        span = max(now - ts[0], 1e-9)
+        return len(ts) / span
+    return sum(1 for t in ts if t >= start) / window_s
 
 
 class Router:
@@ -95,7 +161,8 @@ class Router:
         self._pending: dict[str, _Pending] = {}   # attempt id -> pending
         self._by_request: dict[str, str] = {}     # client request id -> attempt id
         self.counters: dict[str, int] = {"accepted": 0, "answered": 0, "failed": 0, "retries": 0,
-                                          "timeouts": 0, "late": 0, "refused": 0}
+                                          "timeouts": 0, "late": 0, "refused": 0, "shed": 0,
+                                          "in_deadline": 0, "expired_unsent": 0}
         self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
         self.latency_by_workload: dict[str, deque[float]] = {}
         self.latency_histograms: dict[str, LatencyHistogram] = {}  # workload -> all its answered requests
@@ -104,28 +171,79 @@ class Router:
         self.wires: dict[tuple[str, int, int], tuple[str, ...]] = {}
         self.wire_reports: dict[tuple[str, int, int], dict[str, object]] = {}
         self._answered_at: dict[str, deque[float]] = {}  # workload -> last answers (monotonic)
+        self.stage_s: dict[StageKey, float] = {}       # measured compute per stage (state adverts)
+        self.slo_s: dict[str, float] = {}              # workload -> its deadline when a request has none
+        self._work: dict[str, float] = {}              # device -> seconds of outstanding stage work
+        self._outstanding: dict[tuple[str, int], int] = {}  # (workload, replica) -> attempts in flight
+        self._overhead: dict[tuple[str, int], float] = {}   # (workload, replica) -> learned overhead (s)
+        self._rates: dict[str, _Rates] = {}
+        self._streams: dict[tuple[str, str], deque[str]] = {}  # (reply_to, stream) -> request ids, in order
+        self._held: dict[str, ReplyClient] = {}        # finished out of order, waiting for their turn
 
     def __len__(self) -> int:
         return len(self._pending)
 
+    # ------------------------------------------------------------ inputs
+
+    def set_slo(self, workload: str, slo_s: float | None) -> None:
+        """The workload's deadline for requests that carry none (``slo_s`` of its spec; None: the default)."""
+        if slo_s is None:
+            self.slo_s.pop(workload, None)
+        else:
+            self.slo_s[workload] = float(slo_s)
+
+    def note_stage(self, key: StageKey, seconds: float) -> None:
+        """A device measured this stage's compute (its p50, or its load-time calibration)."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        if key not in self.stage_s and len(self.stage_s) >= _MAX_STAGES:
+            self.stage_s.pop(next(iter(self.stage_s)))
+        self.stage_s[key] = float(seconds)
+
+    def forget_workload(self, workload: str) -> None:
+        """A removed workload: drop its measurements (its requests in flight end as usual)."""
+        for k in [k for k in self.stage_s if k[0] == workload]:
+            del self.stage_s[k]
+        for k in [k for k in self._overhead if k[0] == workload]:
+            del self._overhead[k]
+        self.slo_s.pop(workload, None)
+
     def submit(self, req: InferenceRequest, chains: Sequence[Chain], now: float, wall: float,
                why_none: str = "") -> list[Command]:
-        """Accept a request and route it on the first chain, or answer at once with an error."""
+        """Accept a request and route it on the chain that finishes it first, or answer at once."""
         if req.request_id in self._by_request:
             return []  # a QoS1 duplicate of a request in flight
+        rates = self._rates_of(req.workload)
+        if rates is not None:
+            rates.offered.append(now)
         if len(self._pending) >= self.config.max_pending:
             self.counters["refused"] += 1
-            return [self._error(req, f"router overloaded ({len(self._pending)} requests pending)", "overloaded")]
+            return [self._error(req, f"router overloaded ({len(self._pending)} requests pending)", "overloaded",
+                                retry_after=1.0)]
         if not chains:
             self.counters["refused"] += 1
             return [self._error(req, f"workload '{req.workload}' has no running replica"
                                      + (f": {why_none}" if why_none else ""),
                                 "unknown" if why_none == "unknown workload" else "not ready")]
-        timeout = req.timeout_s if req.timeout_s > 0 else self.config.default_timeout_s
+        timeout = req.timeout_s if req.timeout_s > 0 else self.slo_s.get(req.workload, self.config.default_timeout_s)
         timeout = min(timeout, self.config.max_timeout_s)
+        deadline = now + timeout
+        usable = chains if self.config.spread else chains[:1]
+        chain, pred = self._choose(req.workload, usable, set())
+        if chain is None:
+            return [self._shed(req, now, f"every replica chain of '{req.workload}' has "
+                                         f"{self.config.max_outstanding} requests outstanding", 1.0)]
+        if self.config.admit and pred is not None and now + pred > deadline:
+            return [self._shed(req, now, f"predicted to finish in {pred:.3g} s, after its deadline "
+                                         f"({timeout:.3g} s)", pred - timeout)]
         self.counters["accepted"] += 1
-        p = _Pending(req, now, now + timeout, 0.0, 0, chains[0])
-        return self._send(p, chains, now, wall)
+        p = _Pending(req, now, deadline, 0.0, 0, chain)
+        if req.stream:
+            key = (req.reply_to, req.stream)
+            if key in self._streams or len(self._streams) < _MAX_STREAMS:
+                p.stream = key
+                self._streams.setdefault(key, deque()).append(req.request_id)
+        return self._send(p, chain, pred, chains, now, wall)
 
     def result(self, res: InferenceResult, chains: Sequence[Chain], now: float, wall: float,
                sender: str | None = None) -> list[Command]:
@@ -144,44 +262,80 @@ class Router:
             if sender not in allowed:
                 self.counters["wrong sender"] = self.counters.get("wrong sender", 0) + 1
                 return []
-        del self._pending[res.request_id]
-        del self._by_request[p.request.request_id]
+        self._end_attempt(res.request_id, p)
         if res.ok:
+            self._learn(p, now)
             self.counters["answered"] += 1
-            self.latencies.append(now - p.received_at)
-            self.latency_by_workload.setdefault(p.request.workload, deque(maxlen=500)).append(now - p.received_at)
-            self._observe(p.request.workload, now - p.received_at)
-            if len(self._answered_at) < MAX_HISTOGRAMS or p.request.workload in self._answered_at:
-                self._answered_at.setdefault(p.request.workload, deque(maxlen=256)).append(now)
-            return [ReplyClient(p.request.reply_to, InferenceResult(
-                p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0],
-                now - p.received_at))]
+            wl = p.request.workload
+            took = now - p.received_at
+            self.latencies.append(took)
+            self.latency_by_workload.setdefault(wl, deque(maxlen=500)).append(took)
+            self._observe(wl, took)
+            if len(self._answered_at) < MAX_HISTOGRAMS or wl in self._answered_at:
+                self._answered_at.setdefault(wl, deque(maxlen=256)).append(now)
+            rates = self._rates_of(wl)
+            if rates is not None:
+                rates.answered.append(now)
+            if now <= p.deadline:
+                self.counters["in_deadline"] += 1
+                if rates is not None:
+                    rates.good.append(now)
+            return self._finish(p, ReplyClient(p.request.reply_to, InferenceResult(
+                p.request.request_id, True, dict(res.tensors), "", res.device_id, p.chain[0], took)))
         p.errors.append(f"replica {p.chain[0]}: {res.error or 'error'}"
                         + (f" (at {res.device_id})" if res.device_id else ""))
         return self._retry(p, chains, now, wall)
 
-    def device_lost(self, device_id: str, chains_of: dict[str, Sequence[Chain]], now: float,
+    def device_lost(self, device_id: str, chains_of: Mapping[str, Sequence[Chain]], now: float,
                     wall: float) -> list[Command]:
         """Requests in flight through a lost device fail over now instead of at their timeout."""
         out: list[Command] = []
         for aid, p in list(self._pending.items()):
             if any(h.device_id == device_id for h in p.chain[1]):
-                del self._pending[aid]
-                del self._by_request[p.request.request_id]
+                self._end_attempt(aid, p)
                 p.errors.append(f"replica {p.chain[0]}: device {device_id} lost")
                 out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
+        self._work.pop(device_id, None)
         return out
 
-    def tick(self, now: float, chains_of: dict[str, Sequence[Chain]], wall: float) -> list[Command]:
+    def tick(self, now: float, chains_of: Mapping[str, Sequence[Chain]], wall: float) -> list[Command]:
         out: list[Command] = []
         for aid, p in list(self._pending.items()):
-            if now >= p.attempt_deadline:
-                del self._pending[aid]
-                del self._by_request[p.request.request_id]
-                self.counters["timeouts"] += 1
-                p.errors.append(f"replica {p.chain[0]}: timed out")
-                out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
+            if now < p.attempt_deadline:
+                continue
+            if self.config.admit and now < p.deadline:
+                # Its attempt's share ran out: another chain only if it can still finish in time,
+                # else this attempt keeps its chain until the deadline (it may still make it).
+                chains = chains_of.get(p.request.workload, ())
+                fresh = [c for c in chains if _chain_id(c) not in p.tried]
+                chain, pred = self._choose(p.request.workload, fresh, set())
+                if (chain is None or p.attempt >= self.config.max_attempts
+                        or (pred is not None and now + pred > p.deadline)):
+                    p.attempt_deadline = p.deadline
+                    continue
+            self._end_attempt(aid, p)
+            self.counters["timeouts"] += 1
+            p.errors.append(f"replica {p.chain[0]}: timed out")
+            out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
         return out
+
+    # ------------------------------------------------------------ reading
+
+    def predict(self, workload: str, chains: Sequence[Chain]) -> float | None:
+        """Seconds a new request of ``workload`` would take on its best chain now (None: unmeasured)."""
+        return self._choose(workload, chains, set())[1]
+
+    def stats(self, workload: str, chains: Sequence[Chain], now: float, window_s: float = 10.0) -> WorkloadStats:
+        """Offered rate, goodput, shed rate and utilisation of one workload (what an autoscaler reads)."""
+        r = self._rates.get(workload) or _Rates()
+        answered = _rate(r.answered, now, window_s)
+        bottlenecks = [b for b in (self._bottleneck(workload, c) for c in chains) if b > 0]
+        util = 0.0
+        if bottlenecks and chains:
+            util = min(1.0, answered * (sum(bottlenecks) / len(bottlenecks)) / len(chains))
+        out = sum(v for (w, _), v in self._outstanding.items() if w == workload)
+        return WorkloadStats(_rate(r.offered, now, window_s), _rate(r.good, now, window_s),
+                             _rate(r.shed, now, window_s), util, len(chains), out)
 
     def measured_p50(self, workload: str) -> float | None:
         """Median receive -> answer time of the workload's last answered requests (None: none yet)."""
@@ -218,6 +372,12 @@ class Router:
 
     # ------------------------------------------------------------ internals
 
+    def _rates_of(self, workload: str) -> _Rates | None:
+        r = self._rates.get(workload)
+        if r is None and len(self._rates) < MAX_HISTOGRAMS:
+            r = self._rates[workload] = _Rates()
+        return r
+
     def _observe(self, workload: str, seconds: float) -> None:
         h = self.latency_histograms.get(workload)
         if h is None:
@@ -226,39 +386,153 @@ class Router:
             h = self.latency_histograms.setdefault(workload, LatencyHistogram())
         h.observe(seconds)
 
+    def _stages(self, workload: str, chain: Chain) -> list[float] | None:
+        """Measured stage seconds of a chain's hops, or None while any is unknown."""
+        out = []
+        for h in chain[1]:
+            s = self.stage_s.get((workload, h.version, h.replica, h.index))
+            if s is None:
+                return None
+            out.append(s)
+        return out
+
+    def _bottleneck(self, workload: str, chain: Chain) -> float:
+        st = self._stages(workload, chain)
+        return max(st) if st else 0.0
+
+    def _choose(self, workload: str, chains: Sequence[Chain], skip: set[tuple[int, int]]
+                ) -> tuple[Chain | None, float | None]:
+        """The chain predicted to finish a new request first, and its predicted seconds (None: some
+        stage unmeasured; then the chain with the fewest requests outstanding)."""
+        best: tuple[tuple[float, float, int], Chain, float | None] | None = None
+        for c in chains:
+            if _chain_id(c) in skip or not c[1]:
+                continue
+            n = self._outstanding.get((workload, c[0]), 0)
+            if n >= self.config.max_outstanding:
+                continue
+            stages = self._stages(workload, c)
+            pred: float | None = None
+            if stages is not None:
+                wait = max(self._work.get(h.device_id, 0.0) for h in c[1])
+                pred = wait + sum(stages) + self._overhead.get((workload, c[0]), 0.0)
+            key = (0.0 if pred is not None else 1.0, pred if pred is not None else float(n), c[0])
+            if best is None or key < best[0]:
+                best = (key, c, pred)
+        if best is None:
+            return None, None
+        return best[1], best[2]
+
+    def _end_attempt(self, aid: str, p: _Pending) -> None:
+        """The attempt is over (answered, failed, lost or timed out): its work leaves the queues."""
+        del self._pending[aid]
+        del self._by_request[p.request.request_id]
+        for dev, s in p.work:
+            left = self._work.get(dev, 0.0) - s
+            if left > 1e-9:
+                self._work[dev] = left
+            else:
+                self._work.pop(dev, None)
+        p.work = ()
+        key = (p.request.workload, p.chain[0])
+        n = self._outstanding.get(key, 0) - 1
+        if n > 0:
+            self._outstanding[key] = n
+        else:
+            self._outstanding.pop(key, None)
+
+    def _learn(self, p: _Pending, now: float) -> None:
+        """An answer's latency beyond its predicted queueing and stage times: the chain's overhead
+        (network, codec, the devices' own queues of other work), learned as an EWMA."""
+        stages = self._stages(p.request.workload, p.chain)
+        if stages is None:
+            return
+        resid = (now - p.sent_at) - p.wait_s - sum(stages)
+        key = (p.request.workload, p.chain[0])
+        old = self._overhead.get(key)
+        g = self.config.overhead_gain
+        new = resid if old is None else old + g * (resid - old)
+        self._overhead[key] = min(max(new, 0.0), self.config.max_overhead_s)
+
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:
-            fresh = [c for c in chains if _chain_id(c) not in p.tried]
-            if fresh:
+            chain, pred = self._choose(p.request.workload, chains, p.tried)
+            if chain is not None and (not self.config.admit or pred is None or now + pred <= p.deadline):
                 self.counters["retries"] += 1
-                return self._send(p, fresh, now, wall)
+                return self._send(p, chain, pred, chains, now, wall)
         self.counters["failed"] += 1
-        timed_out = bool(p.errors) and all(e.endswith("timed out") for e in p.errors)
-        return [self._error(p.request, "; ".join(p.errors), "timeout" if timed_out else "failed")]
+        timed_out = now >= p.deadline or (bool(p.errors) and all(e.endswith("timed out") for e in p.errors))
+        return self._finish(p, self._error(p.request, "; ".join(p.errors), "timeout" if timed_out else "failed"))
 
-    def _send(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
+    def _send(self, p: _Pending, chain: Chain, pred: float | None, chains: Sequence[Chain], now: float,
+              wall: float) -> list[Command]:
         # ``wall`` is always the fog's wall clock: ``SiteCore`` supplies it, also for a loss heard
         # in an advert (from the offset its last tick saw).
-        chain = chains[0]
+        remaining = p.deadline - now
+        if remaining <= 0:  # expired work is not sent
+            self.counters["expired_unsent"] += 1
+            self.counters["failed"] += 1
+            p.errors.append("deadline passed before it could be sent")
+            return self._finish(p, self._error(p.request, "; ".join(p.errors), "timeout"))
         p.chain = chain
         p.attempt += 1
         p.tried.add(_chain_id(chain))
-        remaining = p.deadline - now
-        others = [c for c in chains[1:] if _chain_id(c) not in p.tried]
-        # Leave half of the budget for the failover when another chain could take it.
-        share = remaining / 2 if others and p.attempt < self.config.max_attempts else remaining
-        p.attempt_deadline = now + share
+        others = [c for c in chains if _chain_id(c) not in p.tried]
+        if others and p.attempt < self.config.max_attempts:
+            # Leave part of the budget for a failover when another chain could take it: half of it
+            # (the old router), or half of what the prediction leaves over.
+            share = remaining / 2 if pred is None or not self.config.admit else pred + max(0.0, remaining - pred) / 2
+        else:
+            share = remaining
+        p.attempt_deadline = now + min(share, remaining)
+        p.sent_at = now
+        wl = p.request.workload
+        stages = self._stages(wl, chain)
+        p.wait_s = max(self._work.get(h.device_id, 0.0) for h in chain[1]) if chain[1] else 0.0
+        if stages is not None:
+            p.work = tuple((h.device_id, s) for h, s in zip(chain[1], stages))
+            for dev, s in p.work:
+                self._work[dev] = self._work.get(dev, 0.0) + s
+        key = (wl, chain[0])
+        self._outstanding[key] = self._outstanding.get(key, 0) + 1
         aid = f"{p.request.request_id}#{p.attempt}"
         self._pending[aid] = p
         self._by_request[p.request.request_id] = aid
         route = chain[1]
-        wires = self.wires.get((p.request.workload, route[0].version, chain[0])) if route else None
+        wires = self.wires.get((wl, route[0].version, chain[0])) if route else None
         if wires:
             route = tuple(replace(h, wire=wires[h.index]) if h.index < len(wires) else h
                           for h in route)
-        act = Activation(aid, p.request.workload, route, 0, self.reply_topic,
-                         dict(p.request.tensors), wall + remaining)
+        act = Activation(aid, wl, route, 0, self.reply_topic, dict(p.request.tensors), wall + remaining)
         return [SendActivation(chain[1][0].device_id, act)]
 
-    def _error(self, req: InferenceRequest, error: str, failure: str) -> ReplyClient:
-        return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000], failure=failure))
+    def _finish(self, p: _Pending, reply: ReplyClient) -> list[Command]:
+        """The request's one answer, released in its stream's order when it names one."""
+        if p.stream is None:
+            return [reply]
+        q = self._streams.get(p.stream)
+        if q is None:
+            return [reply]
+        rid = p.request.request_id
+        if q[0] != rid:
+            self._held[rid] = reply
+            return []
+        out: list[Command] = [reply]
+        q.popleft()
+        while q and q[0] in self._held:
+            out.append(self._held.pop(q.popleft()))
+        if not q:
+            del self._streams[p.stream]
+        return out
+
+    def _shed(self, req: InferenceRequest, now: float, why: str, retry_after: float) -> ReplyClient:
+        self.counters["refused"] += 1
+        self.counters["shed"] += 1
+        rates = self._rates_of(req.workload)
+        if rates is not None:
+            rates.shed.append(now)
+        return self._error(req, f"overloaded: {why}", "overloaded", retry_after=max(retry_after, 0.001))
+
+    def _error(self, req: InferenceRequest, error: str, failure: str, retry_after: float = 0.0) -> ReplyClient:
+        return ReplyClient(req.reply_to, InferenceResult(req.request_id, False, {}, error[:2000], failure=failure,
+                                                         retry_after_s=round(retry_after, 3)))

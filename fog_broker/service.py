@@ -64,7 +64,7 @@ from .ingest import DEVICE_SHARE, Ingest
 from .placement.model import Quota
 from .ratelimit import acl_shut_out
 from .releases import ReleaseBook
-from .router import ReplyClient, SendActivation
+from .router import ReplyClient, RouterConfig, SendActivation
 from .site import Site
 from .site_core import (
     Ack,
@@ -130,6 +130,7 @@ class ServiceConfig:
     max_rebirths_per_s: float = 200.0  # all devices together: a flood cannot make the fog a flood
     fair_share: bool = True            # per-sender budgets at ingest and on fog/CTL (off: benchmarks)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)  # spread=False, admit=False: the old router
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -184,7 +185,7 @@ class FogService:
         self.core = SiteCore(schedule or default_schedule(), SiteCoreConfig(
             state_interval_s=c.state_interval_s, battery_floor=c.battery_floor,
             reconcile_interval_s=c.reconcile_interval_s, max_rebirths_per_s=c.max_rebirths_per_s,
-            reply_topic=self.topics.reply(c.fog_id), controller=c.controller),
+            reply_topic=self.topics.reply(c.fog_id), controller=c.controller, router=c.router),
             command_prefix=f"{c.fog_id}.{self.epoch}")
         self.registry, self.controller, self.router = self.core.registry, self.core.controller, self.core.router
         self.calibration = self.core.calibration
@@ -217,9 +218,14 @@ class FogService:
     def _load_desired(self) -> None:
         now = time.monotonic()
         self.controller.set_quotas({t: Quota(m) for t, m in self.store.quotas().items()})
+        from .placement.model import Workload
         for sw in self.store.workloads():
+            extra = sorted(k for k in sw.spec if k not in Workload.FIELDS)
+            if extra:  # stored before unknown fields were refused: keep serving it, say what is ignored
+                log.warning("stored workload %s: ignoring unknown field(s) %s", sw.name, ", ".join(extra))
             try:
-                spec = self.control.workload_from(sw.spec, sw.profile)
+                spec = self.control.workload_from({k: v for k, v in sw.spec.items() if k in Workload.FIELDS},
+                                                  sw.profile)
             except RemoteViolation as exc:
                 log.error("stored workload %s is invalid, skipped: %s", sw.name, exc)
                 continue
@@ -722,21 +728,24 @@ class FogService:
         except FutureTimeout:
             raise TimeoutError("the fog broker's owner thread did not answer") from None
 
-    def infer(self, workload: str, tensors: Mapping[str, Any], timeout: float = 5.0) -> Future[InferenceResult]:
+    def infer(self, workload: str, tensors: Mapping[str, Any], timeout: float = 5.0,
+              stream: str = "") -> Future[InferenceResult]:
         """Route one request from a front end in this process (the HTTP API); any thread.
 
         The same router, failover and result checks as a request over MQTT; the future gets the
         ``InferenceResult`` (ok or with the fog's reason). Refused at once when the inbox is full.
+        ``timeout`` <= 0: the workload's ``slo_s``; ``stream``: answers of one stream in order.
         """
         rid = uuid.uuid4().hex
         fut: Future[InferenceResult] = Future()
         self._local[rid] = fut
-        req = InferenceRequest(rid, workload, _LOCAL + rid, dict(tensors), float(timeout))
+        req = InferenceRequest(rid, workload, _LOCAL + rid, dict(tensors), float(timeout), stream)
         try:
             self.inbox.put_nowait(("local_infer", req, time.monotonic()))
         except queue.Full:
             self._local.pop(rid, None)
-            fut.set_result(InferenceResult(rid, False, {}, "fog broker overloaded (inbox full)"))
+            fut.set_result(InferenceResult(rid, False, {}, "fog broker overloaded (inbox full)", failure="overloaded",
+                                           retry_after_s=1.0))
         return fut
 
     def verified(self) -> int:

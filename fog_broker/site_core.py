@@ -50,7 +50,7 @@ from .registry import (
     RequestRebirth,
     ThrottleChanged,
 )
-from .router import ReplyClient, Router, SendActivation
+from .router import ReplyClient, Router, RouterConfig, SendActivation
 from .slow_stages import SlowStageConfig, SlowStages, StageSample, planned_stage_s
 
 __all__ = [
@@ -201,6 +201,7 @@ class SiteCoreConfig:
     reply_topic: str = ""                # the fog's own reply topic (the router's hop answers)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     slow_stages: SlowStageConfig = field(default_factory=SlowStageConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
 
 
 class SiteView:
@@ -252,7 +253,7 @@ class SiteCore:
         self.registry = Registry(RegistryConfig(default_interval_s=c.state_interval_s,
                                                 battery_floor=c.battery_floor))
         self.controller = Controller(schedule, c.controller, command_prefix=command_prefix)
-        self.router = Router(c.reply_topic)
+        self.router = Router(c.reply_topic, c.router)
         self.calibration = CalibrationBook()
         self.slow_stages = SlowStages(c.slow_stages)  # devices set aside for a stage slower than the plan
         self.counters: Counter[str] = Counter()
@@ -311,10 +312,12 @@ class SiteCore:
             self._registry(self.registry.remove(event.device_id, now, event.reason), now, out, wall)
         elif isinstance(event, SetWorkload):
             out += self.controller.set_workload(event.spec, event.version)
+            self.router.set_slo(event.spec.name, event.spec.slo_s)
             self.dirty = True
         elif isinstance(event, RemoveWorkload):
             out += self.controller.remove_workload(event.name)
             self.calibration.forget(event.name)
+            self.router.forget_workload(event.name)
             self.dirty = True
         elif isinstance(event, SetQuotas):
             self.controller.set_quotas(dict(event.quotas))
@@ -385,6 +388,7 @@ class SiteCore:
                 self.dirty = True
                 self._calibrate(msg)
             self._check_stages(msg, now, out)
+            self._stage_times(msg)
 
     def _registry(self, cmds: Sequence[Any], now: float, out: list[Command], wall: float) -> None:
         for cmd in cmds:
@@ -438,6 +442,18 @@ class SiteCore:
                 continue
             self.controller.update_costs(p.workload, entry.spec.profile.with_times({cls: times}))
             self.counters["calibrations_applied"] += 1
+
+    def _stage_times(self, st: DeviceState) -> None:
+        """Each running stage's measured compute (its p50 once it served, else its calibration at
+        load) -> the router, which predicts completion times and admits against deadlines with them."""
+        for p in st.partitions:
+            if p.health != "running":
+                continue
+            key = (p.workload, p.version, p.replica, p.index)
+            a = self.controller.assignments.get(key)
+            if a is None or a.device != st.device_id:
+                continue
+            self.router.note_stage(key, p.p50_s if p.served > 0 and p.p50_s > 0 else p.calib_s)
 
     def _check_stages(self, st: DeviceState, now: float, out: list[Command]) -> None:
         """Each running stage's measured p50 against the plan's time: a device whose stage stays

@@ -7,6 +7,7 @@ missing optional ones, so versions can roll out device by device. Records
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -365,7 +366,15 @@ class InferenceRequest(Message):
     workload: str
     reply_to: str
     tensors: dict[str, np.ndarray]
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0  # <= 0: the workload's slo_s (else the fog's default)
+    #: answers of requests naming the same stream come back in the order they were sent ("": any order)
+    stream: str = ""
+
+    def validate(self) -> None:
+        if not math.isfinite(self.timeout_s):
+            raise RemoteViolation("timeout_s must be finite")
+        if len(self.stream) > 256:
+            raise RemoteViolation("stream name longer than 256 characters")
 
 
 @message
@@ -460,8 +469,12 @@ class InferenceResult(Message):
     # why it failed, for programs (the error text is for people): "unknown" workload, "not ready"
     # (pending, no running chain), "overloaded", "timeout", "failed" (a stage answered an error)
     failure: str = ""
+    #: an "overloaded" refusal: seconds after which the same request could be admitted (0: unknown)
+    retry_after_s: float = 0.0
 
     def validate(self) -> None:
+        if not (math.isfinite(self.retry_after_s) and self.retry_after_s >= 0):
+            raise RemoteViolation("retry_after_s must be a finite number >= 0")
         if self.failure not in FAILURES:
             raise RemoteViolation(f"unknown failure kind {self.failure[:40]!r}")
 

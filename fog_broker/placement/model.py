@@ -20,7 +20,7 @@ __all__ = [
     "SpecError", "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
     "ChainProfile", "Workload", "Quota", "PartitionPlacement", "ReplicaPlacement",
     "WorkloadPlacement", "WorkloadResult", "PlanMetrics", "Plan", "parse_workloads",
-    "NO_SCHEDULE_EFFECTS",
+    "NO_SCHEDULE_EFFECTS", "Autoscale",
 ]
 
 #: Taint effects that forbid placement (``PreferNoSchedule`` only scores, and we do not score it).
@@ -111,6 +111,18 @@ def _segment_times(v: Any, n: int | None, where: str) -> tuple[tuple[str, tuple[
             raise SpecError(f"{w}: {len(secs)} segment times for a chain of {n} segments")
         out.append((key, secs))
     return tuple(sorted(out))
+
+
+def _strict(d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    """Unknown fields are errors, not ignored (kubectl's strict field validation): the first one is
+    named, with the closest known field when one is close (a typo)."""
+    import difflib
+
+    for key in d:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(sorted(known))})"
+            raise SpecError(f"{where}: unknown field '{str(key)[:60]}'{hint}")
 
 
 def _input_shapes(v: Any, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -502,6 +514,34 @@ class Quota:
         return {"memory_bytes": self.memory_bytes}
 
 
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """A replica range instead of a fixed ``replicas`` (issue 33: accepted and checked, not acted on yet)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_utilization: float = 0.7
+
+    FIELDS = ("min_replicas", "max_replicas", "target_utilization")
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "autoscale") -> Autoscale:
+        d = _obj(d, where)
+        _strict(d, cls.FIELDS, where)
+        mn = _int(_req(d, "min_replicas", where), f"{where}.min_replicas", minimum=1)
+        mx = _int(_req(d, "max_replicas", where), f"{where}.max_replicas", minimum=1)
+        if mx < mn:
+            raise SpecError(f"{where}.max_replicas: must be >= min_replicas ({mn}), got {mx}")
+        t = _num(d.get("target_utilization", 0.7), f"{where}.target_utilization", positive=True)
+        if t > 1.0:
+            raise SpecError(f"{where}.target_utilization: must be in (0, 1], got {t!r}")
+        return cls(mn, mx, t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "target_utilization": self.target_utilization}
+
+
 #: Wire bytes per float32 byte (``runtime.activations``; int8's scales are a few bytes a channel).
 _WIRE_RATIO = {"float32": 1.0, "float16": 0.5, "int8": 0.25}
 
@@ -536,6 +576,18 @@ class Workload:
     #: relative L2 error per cut, and/or top-1 agreement on the fog's calibration batch.
     max_activation_error: float | None = None
     min_top1_agreement: float | None = None
+    #: Each request's deadline (s) when it carries none: the router admits against it (issue 32).
+    slo_s: float | None = None
+    #: A replica range instead of ``replicas`` (issue 33; checked, not acted on yet).
+    autoscale: Autoscale | None = None
+    #: The rate (requests/s) the workload must serve (issue 33; checked, not acted on yet).
+    rate_fps: float | None = None
+
+    #: Every field a workload object may have; anything else is refused (``_strict``).
+    FIELDS = ("name", "source", "sink", "tenant", "priority", "replicas", "objective", "selectors",
+              "tolerations", "max_partitions", "profile", "model", "min_partitions", "input_shapes",
+              "providers", "segment_times_s", "max_latency_s", "max_activation_error", "min_top1_agreement",
+              "slo_s", "autoscale", "rate_fps")
 
     def with_profile(self, profile: ChainProfile) -> Workload:
         """This workload with ``profile`` (its own measured segment times merged in)."""
@@ -583,6 +635,11 @@ class Workload:
                             f"throughput objectives, not energy")
         if self.replicas < 1:
             raise SpecError(f"workload {self.name}: replicas must be >= 1")
+        for fname in ("slo_s", "rate_fps"):
+            v = getattr(self, fname)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or v <= 0):
+                raise SpecError(f"workload {self.name}: {fname} must be a number > 0, got {v!r}")
         if self.max_partitions is not None and self.max_partitions < 1:
             raise SpecError(f"workload {self.name}: max_partitions must be >= 1")
         mn = self.min_partitions
@@ -610,6 +667,10 @@ class Workload:
         w = f"workload {name}"
         if ("model" in d) == ("profile" in d):
             raise SpecError(f"{w}: needs exactly one of 'model' or 'profile'")
+        _strict(d, cls.FIELDS, w)
+        if "replicas" in d and "autoscale" in d:
+            raise SpecError(f"{w}.autoscale: give either 'replicas' or 'autoscale', not both")
+        auto = None if d.get("autoscale") is None else Autoscale.from_dict(d["autoscale"], f"{w}.autoscale")
         mp = d.get("max_partitions")
         return cls(
             name=name,
@@ -617,7 +678,8 @@ class Workload:
             sink=_str(_req(d, "sink", w), f"{w}.sink"),
             tenant=_str(d.get("tenant", "default"), f"{w}.tenant"),
             priority=_int(d.get("priority", 0), f"{w}.priority"),
-            replicas=_int(d.get("replicas", 1), f"{w}.replicas", minimum=1),
+            replicas=auto.min_replicas if auto is not None else
+            _int(d.get("replicas", 1), f"{w}.replicas", minimum=1),
             objective=_str(d.get("objective", "latency"), f"{w}.objective"),
             selectors=_strmap(d.get("selectors", {}) or {}, f"{w}.selectors"),
             tolerations=tuple(Toleration.from_dict(t, f"{w}.tolerations[{i}]") for i, t in
@@ -634,6 +696,9 @@ class Workload:
             _num(d["max_activation_error"], f"{w}.max_activation_error", positive=True),
             min_top1_agreement=None if d.get("min_top1_agreement") is None else
             _num(d["min_top1_agreement"], f"{w}.min_top1_agreement", positive=True),
+            slo_s=None if d.get("slo_s") is None else _num(d["slo_s"], f"{w}.slo_s", positive=True),
+            autoscale=auto,
+            rate_fps=None if d.get("rate_fps") is None else _num(d["rate_fps"], f"{w}.rate_fps", positive=True),
         )._with_times(d.get("segment_times_s"), w)
 
     def _with_times(self, raw: Any, where: str) -> Workload:
@@ -666,9 +731,12 @@ class Workload:
             out["segment_times_s"] = {k: list(v) for k, v in self.segment_times}
         if self.max_latency_s is not None:
             out["max_latency_s"] = self.max_latency_s
-        for fname in ("max_activation_error", "min_top1_agreement"):
+        for fname in ("max_activation_error", "min_top1_agreement", "slo_s", "rate_fps"):
             if getattr(self, fname) is not None:
                 out[fname] = getattr(self, fname)
+        if self.autoscale is not None:
+            del out["replicas"]
+            out["autoscale"] = self.autoscale.to_dict()
         if self.profile is not None:
             out["profile"] = self.profile.to_dict()
         else:
@@ -679,6 +747,7 @@ class Workload:
 def parse_workloads(d: Any) -> tuple[tuple[Workload, ...], dict[str, Quota]]:
     """Read a WORKLOADS.json document: the workloads and the optional per-tenant quotas."""
     d = _obj(d, "workloads file")
+    _strict(d, ("workloads", "quotas"), "workloads file")
     items = _list(_req(d, "workloads", "workloads file"), "workloads")
     wls = tuple(Workload.from_dict(x, f"workloads[{i}]") for i, x in enumerate(items))
     names = [w.name for w in wls]

@@ -1,0 +1,189 @@
+"""The router under many streams (issue 32): every replica serves, admission against the deadline,
+retries only within it, expired work never sent, ordered streams; ``now`` is advanced by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fog_broker.router import ReplyClient, Router, RouterConfig, SendActivation
+from runtime.messages import Hop, InferenceRequest, InferenceResult
+
+X = {"x": np.zeros((1, 2), dtype=np.float32)}
+STAGE = 0.1  # measured seconds of every stage
+
+
+def chain(replica: int, *devs: str) -> tuple[int, tuple[Hop, ...]]:
+    return replica, tuple(Hop(d, "w", 1, replica, i) for i, d in enumerate(devs))
+
+
+C0, C1 = chain(0, "a", "b"), chain(1, "c", "d")
+CHAINS = [C0, C1]
+
+
+def req(rid: str, timeout: float = 1.0, stream: str = "") -> InferenceRequest:
+    return InferenceRequest(rid, "w", "fogline/v1/s/reply/cli", X, timeout, stream)
+
+
+def measured(config: RouterConfig | None = None) -> Router:
+    r = Router("fog", config)
+    for rep in (0, 1):
+        for i in (0, 1):
+            r.note_stage(("w", 1, rep, i), STAGE)
+    return r
+
+
+def sends(cmds: list[object]) -> list[SendActivation]:
+    return [c for c in cmds if isinstance(c, SendActivation)]
+
+
+def answer(r: Router, send: SendActivation, now: float, ok: bool = True) -> list[object]:
+    act = send.activation
+    last = act.route[-1].device_id
+    res = InferenceResult(act.request_id, ok, {"y": np.ones(1)} if ok else {}, "" if ok else f"{last}: boom", last)
+    return list(r.result(res, CHAINS, now, 100.0 + now, sender=last))
+
+
+def test_requests_spread_over_every_replica_chain() -> None:
+    r = measured()
+    devs = [sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0].device for i in range(6)]
+    assert devs.count("a") == 3 and devs.count("c") == 3  # equal chains: alternately
+
+
+def test_spreading_follows_predicted_completion_not_turns() -> None:
+    r = measured()
+    r.note_stage(("w", 1, 1, 1), 3 * STAGE)  # replica 1's second stage is three times slower
+    devs = [sends(r.submit(req(f"r{i}", timeout=5.0), CHAINS, 0.0, 100.0))[0].device for i in range(8)]
+    assert devs.count("a") > devs.count("c") >= 1
+
+
+def test_unmeasured_chains_spread_by_outstanding_requests() -> None:
+    r = Router("fog")
+    devs = [sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0].device for i in range(4)]
+    assert sorted(devs) == ["a", "a", "c", "c"]
+
+
+def test_primary_only_baseline_uses_the_first_chain() -> None:
+    r = measured(RouterConfig(spread=False, admit=False))
+    devs = {sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0].device for i in range(30)}
+    assert devs == {"a"}  # and nothing is refused however long the queue
+
+
+def test_what_cannot_finish_in_time_is_refused_at_once_with_retry_after() -> None:
+    r = measured()
+    admitted, refused = [], []
+    for i in range(40):
+        (cmd,) = r.submit(req(f"r{i}", timeout=1.0), CHAINS, 0.0, 100.0)
+        (admitted if isinstance(cmd, SendActivation) else refused).append(cmd)
+    # each chain holds what it finishes within 1 s at 0.1 s a stage: queue x 0.1 + 0.2 <= 1.0
+    assert 2 * 7 <= len(admitted) <= 2 * 9
+    first = refused[0]
+    assert isinstance(first, ReplyClient) and first.result.failure == "overloaded"
+    assert "deadline" in first.result.error and first.result.retry_after_s > 0
+    assert r.counters["shed"] == len(refused)
+    # a longer deadline is admitted on the same queues
+    assert sends(r.submit(req("long", timeout=3.0), CHAINS, 0.0, 100.0))
+
+
+def test_admission_frees_up_as_answers_come_back() -> None:
+    r = measured()
+    out = [r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0)[0] for i in range(30)]
+    admitted = [c for c in out if isinstance(c, SendActivation)]
+    assert isinstance(r.submit(req("x"), CHAINS, 0.0, 100.0)[0], ReplyClient)
+    for i, s in enumerate(admitted[:4]):
+        answer(r, s, 0.1 * (i + 1))
+    assert sends(r.submit(req("y"), CHAINS, 0.5, 100.5))
+
+
+def test_a_request_without_timeout_takes_the_workload_slo() -> None:
+    r = measured()
+    r.set_slo("w", 0.25)
+    (s,) = r.submit(req("a", timeout=0.0), CHAINS, 0.0, 100.0)
+    assert isinstance(s, SendActivation) and s.activation.deadline == pytest.approx(100.25)
+    r.submit(req("b", timeout=0.0), CHAINS, 0.0, 100.0)
+    (refused,) = r.submit(req("c", timeout=0.0), CHAINS, 0.0, 100.0)  # 0.1 queued + 0.2 > 0.25
+    assert isinstance(refused, ReplyClient) and refused.result.failure == "overloaded"
+
+
+def test_hard_bound_per_chain_while_nothing_is_measured() -> None:
+    r = Router("fog", RouterConfig(max_outstanding=2))
+    cmds = [r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0)[0] for i in range(5)]
+    assert [isinstance(c, SendActivation) for c in cmds] == [True] * 4 + [False]
+    assert cmds[-1].result.failure == "overloaded"  # type: ignore[union-attr]
+
+
+def test_failure_retries_on_another_chain_only_if_the_deadline_allows() -> None:
+    r = measured()
+    (s,) = r.submit(req("r", timeout=1.0), CHAINS, 0.0, 100.0)
+    (again,) = answer(r, s, 0.2, ok=False)  # 0.2 + 0.2 on the other chain <= 1.0
+    assert isinstance(again, SendActivation) and again.device == "c"
+    r2 = measured()
+    (s2,) = r2.submit(req("r", timeout=1.0), CHAINS, 0.0, 100.0)
+    (final,) = answer(r2, s2, 0.9, ok=False)  # 0.9 + 0.2 > 1.0: no retry, the error now
+    assert isinstance(final, ReplyClient) and not final.result.ok and r2.counters["retries"] == 0
+
+
+def test_device_loss_retries_within_the_deadline_and_each_request_is_answered_once() -> None:
+    r = measured()
+    first = [sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0] for i in range(4)]
+    lost = r.device_lost("b", {"w": [C1]}, 0.05, 100.05)
+    moved = sends(lost)
+    assert {m.device for m in moved} == {"c"} and len(moved) == sum(1 for s in first if s.device == "a")
+    replies = []
+    for s in [s for s in first if s.device == "c"] + moved:
+        replies += [c for c in answer(r, s, 0.9) if isinstance(c, ReplyClient)]
+    assert sorted(c.result.request_id for c in replies) == ["r0", "r1", "r2", "r3"]
+    assert len(r) == 0
+    # a late answer of a lost attempt is dropped, not a second reply
+    assert answer(r, [s for s in first if s.device == "a"][0], 0.95) == []
+
+
+def test_an_attempt_that_may_still_make_it_keeps_its_chain_until_the_deadline() -> None:
+    r = measured()
+    (s,) = r.submit(req("r", timeout=1.0), CHAINS, 0.0, 100.0)
+    # its share (prediction + half the slack) passes, but the other chain cannot finish in time
+    # either once more is queued there: no duplicate, it keeps waiting
+    for i in range(7):
+        r.submit(req(f"x{i}"), [C1], 0.0, 100.0)
+    assert r.tick(0.7, {"w": CHAINS}, 100.7) == []
+    (reply,) = answer(r, s, 0.95)
+    assert isinstance(reply, ReplyClient) and reply.result.ok
+    assert r.counters["in_deadline"] == 1
+
+
+def test_expired_requests_are_answered_as_timeouts_and_never_sent() -> None:
+    r = measured()
+    (s,) = r.submit(req("r", timeout=0.5), [C0], 0.0, 100.0)
+    (reply,) = r.tick(0.5, {"w": [C0]}, 100.5)
+    assert isinstance(reply, ReplyClient) and reply.result.failure == "timeout"
+    assert s.activation.deadline == pytest.approx(100.5)  # the devices drop it past this, uncomputed
+    r2 = measured()
+    (s2,) = r2.submit(req("r", timeout=0.5), CHAINS, 0.0, 100.0)
+    cmds = r2.device_lost("a", {"w": CHAINS}, 0.6, 100.6)  # failed after its deadline: not re-sent
+    assert not sends(cmds) and cmds[0].result.failure == "timeout"  # type: ignore[union-attr]
+
+
+def test_ordered_stream_answers_come_back_in_order() -> None:
+    r = measured()
+    s = [sends(r.submit(req(f"f{i}", stream="cam1"), CHAINS, 0.0, 100.0))[0] for i in range(4)]
+    assert {x.device for x in s} == {"a", "c"}  # still spread
+    other = sends(r.submit(req("u"), CHAINS, 0.0, 100.0))[0]
+    assert answer(r, s[1], 0.3) == []        # f1 waits for f0
+    assert answer(r, s[3], 0.4) == []
+    (u,) = answer(r, other, 0.45)            # not in a stream: at once
+    assert isinstance(u, ReplyClient) and u.result.request_id == "u"
+    out = answer(r, s[0], 0.5)
+    assert [c.result.request_id for c in out] == ["f0", "f1"]  # type: ignore[attr-defined]
+    out = answer(r, s[2], 0.6, ok=False)     # an error takes its turn too (retried first)
+    retry = sends(out)
+    assert retry and answer(r, retry[0], 0.8) and not r._held  # f2 then f3 released
+
+
+def test_stats_give_offered_goodput_shed_and_utilization() -> None:
+    r = measured()
+    out = [r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0)[0] for i in range(30)]
+    for i, s in enumerate(c for c in out if isinstance(c, SendActivation)):
+        answer(r, s, 0.1 * (i + 1))
+    st = r.stats("w", CHAINS, 2.0, window_s=2.0)
+    assert st.offered_rps == pytest.approx(15.0)
+    assert st.shed_rps == pytest.approx(r.counters["shed"] / 2.0) and st.shed_rps > 0
+    assert 0 < st.goodput_rps <= st.offered_rps and st.chains == 2 and 0 < st.utilization <= 1.0
