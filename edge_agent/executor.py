@@ -130,6 +130,7 @@ class Executor:
         self._threads: list[threading.Thread] = []
         self.busy_s = 0.0  # cumulative compute seconds (simulated battery drain uses it)
         self.rejected_overload = 0
+        self.expired = 0  # activations dropped uncomputed: their deadline passed while queued
         self.errors_replied = 0
         self.forwarded = 0
         self.answered = 0
@@ -281,7 +282,8 @@ class Executor:
             self._fail(act, f"partition {hop.workload} v{hop.version} r{hop.replica} #{hop.index} not deployed")
             return
         if act.deadline and time.time() > act.deadline:
-            part.errors += 1
+            # Its client has given up: computing it would only delay the requests queued behind it.
+            self.expired += 1
             self._fail(act, "deadline exceeded before compute")
             return
         if act.hop > 0 and any(k.startswith("\0") for k in act.tensors):

@@ -40,11 +40,48 @@ from runtime.topics import Topics
 from .artifacts import MODEL_SCHEMES
 from .control import refusal_id
 
-__all__ = ["FogClient", "InferenceError", "ControlError", "KeyMismatch", "load_workloads_file"]
+__all__ = ["FogClient", "InferenceError", "Overloaded", "ControlError", "KeyMismatch", "load_workloads_file"]
+
+_MAX_WAIT_S = 120.0  # the router's longest deadline: what a request without a timeout may wait
 
 
 class InferenceError(FoglineError):
     """The fog broker answered a request with an error (the message says which stage failed)."""
+
+
+class Overloaded(InferenceError, ConnectionRefusedError):
+    """The fog refused the request at once: no replica chain could answer it within its deadline.
+
+    A ``ConnectionRefusedError`` (what retrying code catches); ``retry_after`` is the fog's guess, in
+    seconds, of when the same request could be admitted. Nothing ran: sending it again is safe.
+    """
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "overloaded"
+
+
+def raise_for(res: InferenceResult) -> None:
+    """An error answer as the exception a caller catches: ``Overloaded`` for a refusal, else
+    ``InferenceError``."""
+    if res.ok:
+        return
+    if res.failure == "overloaded":
+        raise Overloaded(res.error, res.retry_after_s)
+    raise InferenceError(res.error)
+
+
+def _timeout(timeout: float | None) -> float:
+    """A request's deadline as sent: None -> 0.0 (the workload's ``slo_s``, else the fog's default)."""
+    if timeout is None:
+        return 0.0
+    t = float(timeout)
+    if not (t > 0 and t < float("inf")):
+        raise LocalViolation(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return t
 
 
 class ControlError(FoglineError):
@@ -288,11 +325,18 @@ class FogClient:
 
     # ------------------------------------------------------------ inference
 
-    def infer_result(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float = 5.0) -> InferenceResult:
+    def infer_result(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float | None = None, *,
+                     stream: str = "") -> InferenceResult:
+        """One request's ``InferenceResult`` (ok or the fog's error; no exception for either).
+
+        ``timeout``: its deadline in seconds (None: the workload's ``slo_s``, else 5 s); ``stream``:
+        answers of requests naming the same stream come back in the order they were sent.
+        """
+        t = _timeout(timeout)
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
-                               {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
-        res = self._await(rid, self._seal(req), self.topics.infer(), timeout + 2.0)
+                               {k: np.ascontiguousarray(v) for k, v in tensors.items()}, t, stream)
+        res = self._await(rid, self._seal(req), self.topics.infer(), (t or _MAX_WAIT_S) + 2.0)
         if isinstance(res, ControlReply) and not res.ok:
             raise InferenceError(res.error)
         if not isinstance(res, InferenceResult):
@@ -303,7 +347,7 @@ class FogClient:
                     ) -> tuple[str, str, threading.Event, list[Any]]:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
-                               {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
+                               {k: np.ascontiguousarray(v) for k, v in tensors.items()}, _timeout(timeout))
         return self._post(rid, self._seal(req), self.topics.infer())
 
     def stream_results(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
@@ -345,8 +389,7 @@ class FogClient:
         """Each frame's output tensors, in order, ``window`` requests in flight; raise InferenceError
         on the first frame the fog could not answer (``stream_results`` to see every outcome)."""
         for res in self.stream_results(workload, frames, window=window, timeout=timeout):
-            if not res.ok:
-                raise InferenceError(res.error)
+            raise_for(res)
             yield {k: np.array(v) for k, v in res.tensors.items()}
 
     def infer_many(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
@@ -354,9 +397,10 @@ class FogClient:
         """``stream`` collected into a list."""
         return list(self.stream(workload, frames, window=window, timeout=timeout))
 
-    def infer(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float = 5.0) -> dict[str, np.ndarray]:
-        """Run one inference through the partition chain; raise InferenceError with the fog's reason."""
+    def infer(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run one inference through the partition chain; raise ``Overloaded`` when the fog refused it
+        (no chain could answer within ``timeout``, or the workload's ``slo_s``), else InferenceError
+        with the fog's reason."""
         res = self.infer_result(workload, tensors, timeout)
-        if not res.ok:
-            raise InferenceError(res.error)
+        raise_for(res)
         return {k: np.array(v) for k, v in res.tensors.items()}

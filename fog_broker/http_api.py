@@ -81,6 +81,7 @@ class _Workload:
     status: str
     reasons: tuple[tuple[str, str], ...]
     ready: bool
+    slo_s: float | None = None  # the deadline of a request without parameters.timeout
 
     def why_not_ready(self) -> str:
         if self.reasons:
@@ -94,7 +95,8 @@ def _snapshot(svc: FogService) -> tuple[dict[str, _Workload], bool]:
     out = {}
     for name, e in c.workloads.items():
         out[name] = _Workload(name, int(e.version), e.spec.model, tuple(e.spec.input_shapes), str(e.status),
-                              tuple((str(k), str(v)) for k, v in e.reasons.items()), bool(c.chains(name)))
+                              tuple((str(k), str(v)) for k, v in e.reasons.items()), bool(c.chains(name)),
+                              e.spec.slo_s)
     return out, bool(c.ready)
 
 
@@ -107,8 +109,8 @@ def _result_error(name: str, res: Any, past_deadline: bool = False) -> oip.Proto
     refuses an activation whose deadline passed: "failed")."""
     if past_deadline and res.failure in ("failed", "timeout", ""):
         return oip.ProtocolError(504, f"inference timed out: {res.error}")
-    if not res.failure and "overloaded" in res.error:
-        return oip.ProtocolError(503, res.error)
+    if res.failure == "overloaded" or (not res.failure and "overloaded" in res.error):
+        return oip.ProtocolError(503, res.error, max(1, math.ceil(res.retry_after_s)))  # whole seconds
     status = _FAILURE_STATUS.get(res.failure, 500)
     if status == 404:
         return oip.ProtocolError(404, f"unknown model {name!r}")
@@ -357,7 +359,7 @@ class HttpApi:
                 return await handler(request)
             except oip.ProtocolError as exc:
                 self.counters[str(exc.status)] += 1
-                headers = {"Retry-After": "1"} if exc.status == 503 else None
+                headers = {"Retry-After": str(exc.retry_after)} if exc.status == 503 else None
                 if exc.status >= 500:
                     log.info("%s %s -> %d %s", request.method, request.path, exc.status, exc.message)
                 resp = self._error(exc.status, exc.message, headers)
@@ -573,10 +575,12 @@ class HttpApi:
         w = await self._ready_workload(w)
         if not w.ready:
             raise oip.ProtocolError(503, f"model {name!r} is not ready: {w.why_not_ready()}")
-        timeout = req.timeout_s or self.default_timeout_s
+        timeout = req.timeout_s or w.slo_s or self.default_timeout_s
+        stream = req.parameters.get("stream")  # answers of one stream in the order sent
         began = time.monotonic()
         try:
-            res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(name, req.inputs, timeout)),
+            res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(
+                name, req.inputs, timeout, stream if isinstance(stream, str) else "")),
                                          timeout + 5.0)
         except asyncio.TimeoutError:
             raise oip.ProtocolError(504, f"no answer from the fog broker's router within {timeout + 5.0:g} s") \

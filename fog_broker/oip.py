@@ -10,7 +10,7 @@ Covered: the inference request and response objects (JSON tensor data, flat or
 nested), the binary tensor data extension (``binary_data_size``,
 ``binary_data``, ``binary_data_output``, ``Inference-Header-Content-Length``),
 request ids, request ``parameters`` (Triton's ``timeout`` in microseconds is
-honoured, others are ignored) and ``outputs`` selection; model metadata from a
+honoured, and ``stream``: answers of one stream in the order sent; others are ignored) and ``outputs`` selection; model metadata from a
 model's input/output description with KServe datatype names. ``BYTES`` tensors
 are refused: no Fogline partition takes strings.
 """
@@ -49,10 +49,11 @@ _MAX_TIMEOUT_S = 120.0
 class ProtocolError(RemoteViolation):
     """A request the protocol refuses: ``status`` is the HTTP code, the message the error body's."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after  # a 503's Retry-After (whole seconds)
 
 
 def datatype_of(numpy_name: str) -> str:

@@ -120,7 +120,8 @@ def register_service(sub: Any) -> None:
                         "JPEG, ...; resized to the model's input and scaled to [0, 1]; needs Pillow)")
     _client_args(i)
     i.add_argument("--input-name", default=None, help="input tensor name (default: the model's first input, 'x')")
-    i.add_argument("--timeout", type=ca.positive_float, default=5.0)
+    i.add_argument("--timeout", type=ca.positive_float, default=None,
+                   help="deadline in seconds (default: the workload's slo_s, else 5)")
     i.add_argument("--out", metavar="OUT.npz", type=ca.writable_file, help="write the outputs here")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_infer)

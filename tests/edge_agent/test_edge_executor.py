@@ -149,3 +149,21 @@ def test_simulated_compute_delay_follows_the_flops_model() -> None:
     assert res.ok and res.latency_s == pytest.approx(0.2, rel=0.05)  # type: ignore[attr-defined]
     assert ex.statuses()[0].p50_s == pytest.approx(0.2, rel=0.05)
     ex.stop()
+
+
+def test_work_whose_deadline_passed_in_the_queue_is_dropped_before_compute() -> None:
+    ex, bus = make("d0")
+    load(ex, 0)
+    part = ex.get(("wl", 1, 0, 0))
+    assert part is not None
+    part.flops, ex.device_flops = 1.0, 2.5  # a simulated device: each run takes 0.4 s
+    x = np.ones((1, 8), np.float32)
+    now = time.time()
+    acts = [CHAIN.activation(rid, x, [("d0", 0)], REPLY) for rid in ("slow", "expires", "fine")]
+    for act, deadline in zip(acts, (now + 30, now + 0.2, now + 30)):
+        ex.submit(Activation(act.request_id, "wl", act.route, 0, REPLY, act.tensors, deadline))
+    results = {r.request_id: r for r in (bus.next(10.0)[1] for _ in range(3))}  # type: ignore[attr-defined]
+    assert results["slow"].ok and results["fine"].ok  # type: ignore[attr-defined]
+    assert "deadline exceeded before compute" in results["expires"].error  # type: ignore[attr-defined]
+    assert part.served == 2 and ex.expired == 1 and part.errors == 0  # queued behind "slow", never run
+    ex.stop()
