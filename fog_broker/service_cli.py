@@ -82,6 +82,9 @@ def register_service(sub: Any) -> None:
     p.add_argument("--verify-threads", action="store_true",
                    help="verify in threads of this process instead of worker processes")
     p.add_argument("--no-zeroconf", action="store_true", help="do not advertise with mDNS")
+    p.add_argument("--primary-only", action="store_true",
+                   help="route every request to the primary replica chain and admit it whatever its deadline "
+                        "(the router before every replica served: fogline bench serving's baseline)")
     p.add_argument("--http", type=ca.port_or_zero, default=None, metavar="PORT",
                    help="also serve the Open Inference Protocol (KServe v2 REST; docs/http.md) on PORT of --host "
                         "(0: any free port): HTTPS with the site CA, callers authenticated by a client "
@@ -224,6 +227,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from runtime.net import require_loopback
 
     from .enrolment import EnrolmentServer
+    from .router import RouterConfig
     from .service import FogService, ServiceConfig
     from .site import Site
 
@@ -309,7 +313,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     cfg = ServiceConfig(data_dir=data_dir, site=site.site, fog_id=site.fog_id, mqtt_host=host, mqtt_port=port,
                         tls=tls, state_interval_s=args.state_interval, startup_wait_s=args.startup_wait,
                         summary_interval_s=args.summary_interval, verify_workers=max(1, args.verify_workers),
-                        verify_processes=not args.verify_threads)
+                        verify_processes=not args.verify_threads,
+                        router=RouterConfig(spread=False, admit=False) if args.primary_only else RouterConfig())
     svc = FogService(cfg, site=site, on_acl=on_acl, on_crl=on_crl)
     stop = threading.Event()
     import faulthandler

@@ -376,6 +376,45 @@ def test_insecure_plain_http_on_loopback_still_needs_a_token(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+def test_both_replicas_answer_and_an_impossible_deadline_is_refused_at_once(fog: Fog) -> None:
+    """Issue 32: requests in flight together are spread over both chains of mlp2; a deadline no
+    chain can meet is a 503 with Retry-After at once, not a 504 after queueing."""
+    x = _x(11, (1, 64))
+    ref = reference("mlp", x)
+    body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    replicas: set[int] = set()
+    lock = threading.Lock()
+
+    def burst() -> None:
+        with _session(fog) as s:
+            for _ in range(6):
+                r = s.post(f"{fog.url}/v2/models/mlp2/infer", json=body, timeout=30)
+                assert r.status_code == 200, r.text
+                doc = r.json()
+                _close(doc["outputs"][0]["data"], ref)
+                with lock:
+                    replicas.add(int(doc["parameters"]["replica"]))
+
+    deadline = time.monotonic() + 30
+    while replicas != {0, 1} and time.monotonic() < deadline:
+        threads = [threading.Thread(target=burst) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert replicas == {0, 1}
+    impossible = {**body, "parameters": {"timeout": 1}}  # 1 us: no chain finishes in time
+
+    def refused() -> Any:
+        with _session(fog) as s:
+            t0 = time.monotonic()
+            r = s.post(f"{fog.url}/v2/models/mlp2/infer", json=impossible, timeout=30)
+            return (r, time.monotonic() - t0) if r.status_code == 503 else None
+    r, took = wait_for(refused, 20, "a 503 once the fog measured mlp2's stages")  # stage times: state adverts
+    assert int(r.headers["Retry-After"]) >= 1 and "overloaded" in r.json()["error"]
+    assert took < 5.0  # refused at once, not after a timeout
+
+
 def test_device_kill9_mid_stream_loses_nothing(fog: Fog) -> None:
     x = _x(10, (1, 64))
     ref = reference("mlp", x)
