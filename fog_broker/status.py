@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from .registry import capacity_flags
@@ -112,6 +113,7 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
     return {
         "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
         "priority": e.spec.priority, "replicas": e.spec.replicas,
+        "autoscale": e.spec.autoscale.to_dict() if e.spec.autoscale else None,  # issue 33: not acted on yet
         "follows": follows if follows and follows.startswith("release:") else None,
         "healthy_replicas": c.healthy_replicas(name), "model": e.spec.model,
         "switch": c.switch_view(name),  # a version change in progress: what serves, what drains
@@ -130,6 +132,11 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
                       for r, parts in sorted(reps.items())],
         "throughput": {"predicted_fps": pred_fps,
                        "measured_fps": svc.router.measured_fps(name, time.monotonic())},
+        # what an autoscaler reads (issue 33): offered, goodput and shed per second over the last
+        # 10 s, the chains' busy share, requests in flight, the deadline of a request without one
+        "serving": {**{k: round(v, 3) if isinstance(v, float) else v for k, v in
+                       asdict(svc.router.stats(name, c.chains(name), time.monotonic())).items()},
+                    "slo_s": e.spec.slo_s},
         "reasons": dict(e.reasons), "evicted": name in c.evicted,
         # the plan's end-to-end latency (cost model, best replica) against what requests took
         "latency": {"predicted_s": predicted, "measured_p50_s": measured,
