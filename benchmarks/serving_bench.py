@@ -322,7 +322,7 @@ def _summary(out: dict[str, Any]) -> None:
             f = out[label][phase]
             print(f"{phase:>4} {label:<22} offered {f['offered_rps']:6.2f}/s goodput {f['goodput_rps']:6.2f}/s "
                   f"({f['goodput_over_offered']}) p99 {f['p99_ms']} ms 504 {f['share_504']} 503 {f['share_503']} "
-                  f"refusal p99 {f['refusal_p99_ms']} ms replicas {f['by_replica']}", file=p)
+                  f"refusal p50/p99 {f['refusal_p50_ms']}/{f['refusal_p99_ms']} ms replicas {f['by_replica']}", file=p)
     k = out["kill9"]
     print(f"kill -9 at 1.5x: goodput {k['goodput_over_offered']} of offered, {k['admitted_then_failed']} admitted "
           f"then failed ({k['in_flight_at_kill']} in flight at the kill), 2 replicas again "

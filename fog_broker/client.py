@@ -397,7 +397,8 @@ class FogClient:
         """``stream`` collected into a list."""
         return list(self.stream(workload, frames, window=window, timeout=timeout))
 
-    def infer(self, workload: str, tensors: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
+    def infer(self, workload: str, tensors: Mapping[str, np.ndarray],
+              timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run one inference through the partition chain; raise ``Overloaded`` when the fog refused it
         (no chain could answer within ``timeout``, or the workload's ``slo_s``), else InferenceError
         with the fog's reason."""

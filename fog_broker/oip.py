@@ -10,7 +10,8 @@ Covered: the inference request and response objects (JSON tensor data, flat or
 nested), the binary tensor data extension (``binary_data_size``,
 ``binary_data``, ``binary_data_output``, ``Inference-Header-Content-Length``),
 request ids, request ``parameters`` (Triton's ``timeout`` in microseconds is
-honoured, and ``stream``: answers of one stream in the order sent; others are ignored) and ``outputs`` selection; model metadata from a
+honoured, and ``stream``: answers of one stream in the order sent; others are
+ignored) and ``outputs`` selection; model metadata from a
 model's input/output description with KServe datatype names. ``BYTES`` tensors
 are refused: no Fogline partition takes strings.
 """

@@ -89,6 +89,9 @@ class RouterConfig:
     admit: bool = True               # refuse what cannot finish in time (False: queue until it times out)
     overhead_gain: float = 0.2       # EWMA weight of each answer in a chain's learned overhead
     max_overhead_s: float = 5.0
+    # Admit only with this many mean deviations of the chain's prediction error to spare (TCP's
+    # RTO rule): a queue predicted to end just before the deadline ends after it half the time.
+    margin_devs: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,7 @@ class Router:
         self._work: dict[str, float] = {}              # device -> seconds of outstanding stage work
         self._outstanding: dict[tuple[str, int], int] = {}  # (workload, replica) -> attempts in flight
         self._overhead: dict[tuple[str, int], float] = {}   # (workload, replica) -> learned overhead (s)
+        self._dev: dict[tuple[str, int], float] = {}        # its mean deviation (s): the admission margin
         self._rates: dict[str, _Rates] = {}
         self._streams: dict[tuple[str, str], deque[str]] = {}  # (reply_to, stream) -> request ids, in order
         self._held: dict[str, ReplyClient] = {}        # finished out of order, waiting for their turn
@@ -204,8 +208,9 @@ class Router:
         """A removed workload: drop its measurements (its requests in flight end as usual)."""
         for k in [k for k in self.stage_s if k[0] == workload]:
             del self.stage_s[k]
-        for k in [k for k in self._overhead if k[0] == workload]:
-            del self._overhead[k]
+        for c in [c for c in self._overhead if c[0] == workload]:
+            del self._overhead[c]
+            self._dev.pop(c, None)
         self.slo_s.pop(workload, None)
 
     def submit(self, req: InferenceRequest, chains: Sequence[Chain], now: float, wall: float,
@@ -233,7 +238,7 @@ class Router:
         if chain is None:
             return [self._shed(req, now, f"every replica chain of '{req.workload}' has "
                                          f"{self.config.max_outstanding} requests outstanding", 1.0)]
-        if self.config.admit and pred is not None and now + pred > deadline:
+        if self.config.admit and pred is not None and now + pred + self._margin(req.workload, chain) > deadline:
             return [self._shed(req, now, f"predicted to finish in {pred:.3g} s, after its deadline "
                                          f"({timeout:.3g} s)", pred - timeout)]
         self.counters["accepted"] += 1
@@ -310,7 +315,8 @@ class Router:
                 fresh = [c for c in chains if _chain_id(c) not in p.tried]
                 chain, pred = self._choose(p.request.workload, fresh, set())
                 if (chain is None or p.attempt >= self.config.max_attempts
-                        or (pred is not None and now + pred > p.deadline)):
+                        or (pred is not None and now + pred + self._margin(p.request.workload, chain)
+                            > p.deadline)):
                     p.attempt_deadline = p.deadline
                     continue
             self._end_attempt(aid, p)
@@ -423,6 +429,9 @@ class Router:
             return None, None
         return best[1], best[2]
 
+    def _margin(self, workload: str, chain: Chain) -> float:
+        return self.config.margin_devs * self._dev.get((workload, chain[0]), 0.0)
+
     def _end_attempt(self, aid: str, p: _Pending) -> None:
         """The attempt is over (answered, failed, lost or timed out): its work leaves the queues."""
         del self._pending[aid]
@@ -452,12 +461,16 @@ class Router:
         old = self._overhead.get(key)
         g = self.config.overhead_gain
         new = resid if old is None else old + g * (resid - old)
+        if old is not None:
+            dev = self._dev.get(key, 0.0)
+            self._dev[key] = min(dev + g * (abs(resid - old) - dev), self.config.max_overhead_s)
         self._overhead[key] = min(max(new, 0.0), self.config.max_overhead_s)
 
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:
             chain, pred = self._choose(p.request.workload, chains, p.tried)
-            if chain is not None and (not self.config.admit or pred is None or now + pred <= p.deadline):
+            if chain is not None and (not self.config.admit or pred is None
+                                      or now + pred + self._margin(p.request.workload, chain) <= p.deadline):
                 self.counters["retries"] += 1
                 return self._send(p, chain, pred, chains, now, wall)
         self.counters["failed"] += 1

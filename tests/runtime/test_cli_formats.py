@@ -76,3 +76,39 @@ def test_no_pointer_to_files_outside_the_repository(capsys: pytest.CaptureFixtur
         assert "COST_MODEL" not in out and "docs/formats.md" in out, out
     assert "COST_MODEL" not in (REPO / "README.md").read_text()
     assert "COST_MODEL" not in DOC.read_text()
+
+
+_CAM = {"name": "cam", "model": "zoo:mlp", "source": "a", "sink": "a"}
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"replica": 2}, "workload cam: unknown field 'replica'; did you mean 'replicas'?"),
+    ({"slo": 1.0}, "unknown field 'slo'; did you mean 'slo_s'?"),
+    ({"autoscaling": {"min_replicas": 1, "max_replicas": 2}}, "did you mean 'autoscale'?"),
+    ({"colour": "blue"}, "unknown field 'colour' (known: "),
+    ({"slo_s": 0}, "slo_s: must be > 0, got 0"),
+    ({"slo_s": "1s"}, "slo_s: expected a finite number, got '1s'"),
+    ({"rate_fps": -3}, "rate_fps: must be > 0"),
+    ({"replicas": 2, "autoscale": {"min_replicas": 1, "max_replicas": 2}}, "either 'replicas' or 'autoscale'"),
+    ({"autoscale": {"min_replicas": 3, "max_replicas": 1}}, "autoscale.max_replicas: must be >= min_replicas (3)"),
+    ({"autoscale": {"min_replicas": 0, "max_replicas": 1}}, "autoscale.min_replicas: must be >= 1"),
+    ({"autoscale": {"min_replicas": 1, "max_replicas": 2, "target_utilization": 1.5}},
+     "target_utilization: must be in (0, 1]"),
+    ({"autoscale": {"min_replicas": 1, "max_replica": 2}}, "did you mean 'max_replicas'?"),
+])
+def test_deploy_refuses_bad_serving_fields_in_one_line_before_connecting(
+        extra: dict[str, object], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({**_CAM, **extra}))
+    # no broker is running: the file is refused before any connection, exit 2, nothing deployed
+    assert main(["deploy", str(path), "--broker", "127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+
+
+def test_serving_fields_are_kept_and_round_trip() -> None:
+    w = placement_model.Workload.from_dict({**_CAM, "slo_s": 0.5, "rate_fps": 12,
+                                            "autoscale": {"min_replicas": 2, "max_replicas": 4}})
+    assert (w.slo_s, w.rate_fps, w.replicas) == (0.5, 12.0, 2)
+    assert w.autoscale == placement_model.Autoscale(2, 4, 0.7)
+    assert placement_model.Workload.from_dict(w.to_dict()) == w
