@@ -556,7 +556,7 @@ class HttpApi:
 
     async def _infer(self, request: web.Request) -> web.Response:
         from aiohttp import web
-        self.principal(request)
+        who = self.principal(request)
         name = request.match_info["name"]
         w = await self._workload(name, request.match_info.get("version"))
         spec = await self._spec(w)
@@ -576,11 +576,11 @@ class HttpApi:
         if not w.ready:
             raise oip.ProtocolError(503, f"model {name!r} is not ready: {w.why_not_ready()}")
         timeout = req.timeout_s or w.slo_s or self.default_timeout_s
-        stream = req.parameters.get("stream")  # answers of one stream in the order sent
+        stream = req.parameters.get("stream")  # answers of one caller's stream in the order sent
+        stream = f"{who.name}\0{stream}"[:256] if isinstance(stream, str) and stream else ""
         began = time.monotonic()
         try:
-            res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(
-                name, req.inputs, timeout, stream if isinstance(stream, str) else "")),
+            res = await asyncio.wait_for(asyncio.wrap_future(self.svc.infer(name, req.inputs, timeout, stream)),
                                          timeout + 5.0)
         except asyncio.TimeoutError:
             raise oip.ProtocolError(504, f"no answer from the fog broker's router within {timeout + 5.0:g} s") \

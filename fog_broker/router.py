@@ -234,7 +234,7 @@ class Router:
         timeout = min(timeout, self.config.max_timeout_s)
         deadline = now + timeout
         usable = chains if self.config.spread else chains[:1]
-        chain, pred = self._choose(req.workload, usable, set())
+        chain, pred = self._choose(req.workload, usable, set(), timeout)
         if chain is None:
             return [self._shed(req, now, f"every replica chain of '{req.workload}' has "
                                          f"{self.config.max_outstanding} requests outstanding", 1.0)]
@@ -244,7 +244,9 @@ class Router:
         self.counters["accepted"] += 1
         p = _Pending(req, now, deadline, 0.0, 0, chain)
         if req.stream:
-            key = (req.reply_to, req.stream)
+            # a client's streams are its own: keyed by its reply topic (in-process front ends, whose
+            # every request has a reply_to of its own, name their caller in the stream)
+            key = ("local:" if req.reply_to.startswith("local:") else req.reply_to, req.stream)
             if key in self._streams or len(self._streams) < _MAX_STREAMS:
                 p.stream = key
                 self._streams.setdefault(key, deque()).append(req.request_id)
@@ -313,7 +315,7 @@ class Router:
                 # else this attempt keeps its chain until the deadline (it may still make it).
                 chains = chains_of.get(p.request.workload, ())
                 fresh = [c for c in chains if _chain_id(c) not in p.tried]
-                chain, pred = self._choose(p.request.workload, fresh, set())
+                chain, pred = self._choose(p.request.workload, fresh, set(), p.deadline - now)
                 if (chain is None or p.attempt >= self.config.max_attempts
                         or (pred is not None and now + pred + self._margin(p.request.workload, chain)
                             > p.deadline)):
@@ -406,10 +408,12 @@ class Router:
         st = self._stages(workload, chain)
         return max(st) if st else 0.0
 
-    def _choose(self, workload: str, chains: Sequence[Chain], skip: set[tuple[int, int]]
-                ) -> tuple[Chain | None, float | None]:
+    def _choose(self, workload: str, chains: Sequence[Chain], skip: set[tuple[int, int]],
+                left: float = math.inf) -> tuple[Chain | None, float | None]:
         """The chain predicted to finish a new request first, and its predicted seconds (None: some
-        stage unmeasured; then the chain with the fewest requests outstanding)."""
+        stage unmeasured). A measured chain that finishes within ``left`` seconds comes first, then
+        an unmeasured one (the fewest requests outstanding: a chain just placed, not yet timed),
+        then the measured one that finishes first (which admission then refuses)."""
         best: tuple[tuple[float, float, int], Chain, float | None] | None = None
         for c in chains:
             if _chain_id(c) in skip or not c[1]:
@@ -422,7 +426,8 @@ class Router:
             if stages is not None:
                 wait = max(self._work.get(h.device_id, 0.0) for h in c[1])
                 pred = wait + sum(stages) + self._overhead.get((workload, c[0]), 0.0)
-            key = (0.0 if pred is not None else 1.0, pred if pred is not None else float(n), c[0])
+            rank = 1.0 if pred is None else 0.0 if pred + self._margin(workload, c) <= left else 2.0
+            key = (rank, pred if pred is not None else float(n), c[0])
             if best is None or key < best[0]:
                 best = (key, c, pred)
         if best is None:
@@ -468,7 +473,7 @@ class Router:
 
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:
-            chain, pred = self._choose(p.request.workload, chains, p.tried)
+            chain, pred = self._choose(p.request.workload, chains, p.tried, p.deadline - now)
             if chain is not None and (not self.config.admit or pred is None
                                       or now + pred + self._margin(p.request.workload, chain) <= p.deadline):
                 self.counters["retries"] += 1

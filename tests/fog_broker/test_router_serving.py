@@ -199,3 +199,20 @@ def test_a_chain_whose_answers_vary_is_admitted_with_a_margin() -> None:
         return sum(isinstance(r.submit(req(f"r{i}"), [C0], now, 100.0)[0], SendActivation) for i in range(20))
     steady, jittery = admitted(0.0), admitted(0.1)
     assert steady == 8 and 2 <= jittery < steady  # n x 0.1 queued + 0.25 <= 1; fewer with 2 x dev to spare
+
+
+def test_in_process_front_ends_order_a_stream_across_their_per_request_reply_ids() -> None:
+    r = measured()
+    local = [InferenceRequest(f"f{i}", "w", f"local:{i}", X, 1.0, "app\0cam1") for i in range(2)]
+    s0, s1 = (sends(r.submit(q, CHAINS, 0.0, 100.0))[0] for q in local)
+    assert answer(r, s1, 0.3) == []
+    out = answer(r, s0, 0.4)
+    assert [(c.reply_to, c.result.request_id) for c in out] == [("local:0", "f0"), ("local:1", "f1")]  # type: ignore[attr-defined]
+
+
+def test_a_chain_not_yet_timed_takes_what_the_timed_ones_cannot_finish() -> None:
+    r = Router("fog")
+    for i in (0, 1):
+        r.note_stage(("w", 1, 0, i), STAGE)  # replica 1 was just placed: no stage time yet
+    devs = [sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0].device for i in range(12)]
+    assert devs[:9] == ["a"] * 9 and set(devs[9:]) == {"c"}  # chain 0 full for a 1 s deadline (n x 0.1 + 0.2)
