@@ -64,6 +64,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "workloads": ("gauge", ("status",), "Workloads by status: pending, deploying, running, degraded"),
     "workload_replicas": ("gauge", ("workload",), "Replica chains a workload asks for"),
     "workload_replicas_healthy": ("gauge", ("workload",), "Replica chains of a workload running end to end"),
+    "workload_replicas_wanted": ("gauge", ("workload",), ("Replica chains a workload wants now (its autoscaler's "
+                                                           "count or its rate_fps' floor; else its replicas)")),
+    "workload_offered_rps": ("gauge", ("workload",), "Requests offered per second (admitted or refused), last window"),
+    "workload_goodput_rps": ("gauge", ("workload",), "Requests answered within their deadline per second, last window"),
+    "workload_shed_rps": ("gauge", ("workload",), "Requests refused at admission per second, last window"),
+    "workload_scale_events": ("counter", ("workload", "direction"), "Autoscaler decisions: up, down"),
     "workload_predicted_latency_seconds": ("gauge", ("workload",),
                                            "Cost model's end-to-end latency of the best placed replica"),
     "placements": ("gauge", ("workload", "phase"), ("Partition placements by phase: pending, deploying, running, "
@@ -220,6 +226,15 @@ def families(snap: Mapping[str, Any]) -> list[Metric]:
         by_status[str(w["status"])] = by_status.get(str(w["status"]), 0) + 1
         f.add("workload_replicas", int(w.get("replicas", 0)), name)
         f.add("workload_replicas_healthy", int(w.get("healthy_replicas", 0)), name)
+        sc, sv = w.get("scaling") or {}, w.get("serving") or {}
+        if sv:
+            f.add("workload_offered_rps", float(sv.get("offered_rps", 0.0)), name)
+            f.add("workload_goodput_rps", float(sv.get("goodput_rps", 0.0)), name)
+            f.add("workload_shed_rps", float(sv.get("shed_rps", 0.0)), name)
+        if sc:
+            f.add("workload_replicas_wanted", int(sc.get("replicas_wanted", 0)), name)
+            for direction in ("up", "down"):
+                f.add("workload_scale_events", int(sc.get(f"scaled_{direction}", 0)), name, direction)
         lat = [r.get("latency_s") for r in w.get("placement", ()) if r.get("latency_s") is not None]
         if lat:
             f.add("workload_predicted_latency_seconds", min(lat), name)

@@ -404,6 +404,11 @@ class Router:
             out.append(s)
         return out
 
+    def bottleneck_s(self, workload: str, chains: Sequence[Chain]) -> float:
+        """The measured slowest stage (s) of ``workload``'s chains, averaged over those measured (0: none)."""
+        b = [x for x in (self._bottleneck(workload, c) for c in chains) if x > 0]
+        return sum(b) / len(b) if b else 0.0
+
     def _bottleneck(self, workload: str, chain: Chain) -> float:
         st = self._stages(workload, chain)
         return max(st) if st else 0.0

@@ -451,6 +451,15 @@ def render_status(st: dict[str, Any]) -> str:
         lines.append(f"  {w['name']}  v{w['version']}  {w['status'].upper()}  tenant={w['tenant']} "
                      f"priority={w['priority']} replicas={w['healthy_replicas']}/{w['replicas']} "
                      f"model={w['model']}")
+        sc, sv = w.get("scaling") or {}, w.get("serving") or {}
+        if w.get("autoscale") or sc.get("rate_fps"):
+            lines.append(f"    scaling: {sc['replicas_running']} running / {sc['replicas_wanted']} wanted, "
+                         f"offered {sv.get('offered_rps', 0.0):.1f}/s, goodput {sv.get('goodput_rps', 0.0):.1f}/s, "
+                         f"shed {sv.get('shed_rps', 0.0):.1f}/s"
+                         + (f"  [{sc['rate_reason']}]" if sc.get("rate_reason") else "")
+                         + (f"  [{sc['pending_reason']}]" if sc.get("pending_reason") else ""))
+            for ev in sc.get("events", [])[-2:]:
+                lines.append(f"      scaled {ev['from']} -> {ev['to']} {ev['age_s']:.0f} s ago: {ev['reason']}")
         for rep in w["placement"]:
             cost = "" if rep["latency_s"] is None else \
                 f"  (predicted {rep['latency_s'] * 1000:.2f} ms, {rep['energy_j']:.4f} J)"

@@ -30,6 +30,7 @@ from runtime.messages import (
     PartitionStatus,
 )
 
+from .autoscale import AutoscaleConfig, Autoscaler, Load, replicas_for_rate
 from .calibration import CalibrationBook, device_class, throughput
 from .controller import (
     Controller,
@@ -202,6 +203,8 @@ class SiteCoreConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     slow_stages: SlowStageConfig = field(default_factory=SlowStageConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    max_rate_replicas: int = 16          # a ``rate_fps`` without ``autoscale`` asks for at most this many
 
 
 class SiteView:
@@ -254,6 +257,8 @@ class SiteCore:
                                                 battery_floor=c.battery_floor))
         self.controller = Controller(schedule, c.controller, command_prefix=command_prefix)
         self.router = Router(c.reply_topic, c.router)
+        self.autoscaler = Autoscaler(c.autoscale)
+        self._next_autoscale = -math.inf
         self.calibration = CalibrationBook()
         self.slow_stages = SlowStages(c.slow_stages)  # devices set aside for a stage slower than the plan
         self.counters: Counter[str] = Counter()
@@ -315,6 +320,7 @@ class SiteCore:
             self.router.set_slo(event.spec.name, event.spec.slo_s)
             self.dirty = True
         elif isinstance(event, RemoveWorkload):
+            self.autoscaler.forget(event.name)
             out += self.controller.remove_workload(event.name)
             self.calibration.forget(event.name)
             self.router.forget_workload(event.name)
@@ -351,7 +357,53 @@ class SiteCore:
             out += self.reconcile(now)
         if self.router.next_deadline() <= now:
             out += self.router.tick(now, self._chains_in_flight(), wall)
+        if now >= self._next_autoscale:
+            self._next_autoscale = now + self.config.autoscale.interval_s
+            out += self.autoscale(now)
         return out
+
+    def autoscale(self, now: float) -> list[Command]:
+        """One autoscaling pass: each workload with ``autoscale`` or ``rate_fps`` gets the replica
+        chains its measured load (or stated rate) needs, through the controller (``scale``)."""
+        out: list[Command] = []
+        for name, entry in self.controller.workloads.items():
+            w = entry.spec
+            if w.autoscale is None and w.rate_fps is None:
+                continue
+            chains = self.controller.chains(name)
+            current = self.controller.wanted_replicas(name)
+            floor = 0
+            if w.rate_fps is not None:
+                floor = replicas_for_rate(w.rate_fps, self.chain_seconds(name))
+            if w.autoscale is None:  # a stated rate alone: enough chains for it, never fewer than asked
+                n = min(max(w.replicas, floor), max(w.replicas, self.config.max_rate_replicas))
+                if n != current and self.controller.scale(name, n, now):
+                    out.append(SiteEvent("scaled", name, f"rate_fps {w.rate_fps:g}: {current} -> {n} replicas"))
+                    self.dirty = True
+                continue
+            a = w.autoscale
+            st = self.router.stats(name, chains, now, window_s=self.config.autoscale.window_s)
+            load = Load(st.offered_rps, st.shed_rps, st.goodput_rps, self.router.bottleneck_s(name, chains),
+                        st.chains, st.outstanding)
+            d = self.autoscaler.decide(name, load, current, a.min_replicas, a.max_replicas,
+                                       a.target_utilization, now, floor=floor)
+            if d is not None and self.controller.scale(name, d.replicas, now):
+                out.append(SiteEvent("scaled", name, d.reason))
+                self.counters["scale_ups" if d.replicas > d.current else "scale_downs"] += 1
+                self.dirty = True
+        return out
+
+    def chain_seconds(self, name: str) -> float:
+        """One chain's seconds per request of ``name``: the measured slowest stage, else the plan's
+        (its bottleneck for throughput objectives, else its whole latency: never optimistic)."""
+        b = self.router.bottleneck_s(name, self.controller.chains(name))
+        if b > 0:
+            return b
+        entry = self.controller.workloads.get(name)
+        if entry is None or not entry.replicas:
+            return 0.0
+        r = entry.replicas[0]
+        return r.bottleneck_s if r.bottleneck_s > 0 else r.latency_s
 
     def liveness(self, now: float, wall: float | None = None) -> list[Command]:
         """Missed adverts: suspects asked to rebirth, the dead re-placed (the registry's timers alone)."""

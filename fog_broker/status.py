@@ -94,6 +94,32 @@ def _bottleneck(stages: list[dict[str, Any]], key: str) -> str | None:
     return max(timed, key=lambda s: s[key])["stage"] if timed else None
 
 
+def _scaling(svc: FogService, name: str) -> dict[str, Any]:
+    """Replicas wanted and running, the load the autoscaler sees and its last decisions (issue 33)."""
+    c, core = svc.controller, svc.core
+    e = c.workloads[name]
+    now = time.monotonic()
+    chains = c.chains(name)
+    out: dict[str, Any] = {
+        "replicas_wanted": c.wanted_replicas(name), "replicas_running": len(chains),
+        "rate_fps": e.spec.rate_fps, "pending_reason": e.scale_reason or None,
+        "draining": sorted(e.draining),
+        "events": [{"age_s": round(now - t, 1), "from": d.current, "to": d.replicas, "reason": d.reason}
+                   for t, d in core.autoscaler.events if d.workload == name][-5:],
+        "scaled_up": core.autoscaler.counts.get((name, "up"), 0),
+        "scaled_down": core.autoscaler.counts.get((name, "down"), 0),
+    }
+    if e.spec.rate_fps is not None:
+        per_chain = core.chain_seconds(name)
+        if per_chain > 0:
+            reach = len(chains) / per_chain
+            out["rate_reachable_fps"] = round(reach, 2)
+            if reach < e.spec.rate_fps:
+                out["rate_reason"] = (f"rate_fps {e.spec.rate_fps:g}: {len(chains)} chain(s) reach "
+                                      f"{reach:.1f}/s" + (f"; {e.scale_reason}" if e.scale_reason else ""))
+    return out
+
+
 def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, Any]:
     c = svc.controller
     e = c.workloads[name]
@@ -130,6 +156,7 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
                        "stages": stages[r], "bottleneck": _bottleneck(stages[r], "predicted_s"),
                        "measured_bottleneck": _bottleneck(stages[r], "measured_s")}
                       for r, parts in sorted(reps.items())],
+        "scaling": _scaling(svc, name),
         "throughput": {"predicted_fps": pred_fps,
                        "measured_fps": svc.router.measured_fps(name, time.monotonic())},
         # what an autoscaler reads (issue 33): offered, goodput and shed per second over the last

@@ -174,6 +174,12 @@ class WorkloadEntry:
     reasons: dict[str, str] = field(default_factory=dict)
     detail: dict[str, object] = field(default_factory=dict)
     replicas: tuple[ReplicaPlacement, ...] = ()  # desired, as last planned (costs for status)
+    #: replica chains wanted by ``Controller.scale`` (None: ``spec.replicas``); the spec follows
+    #: once a new chain is placed or a drained one is gone
+    want: int | None = None
+    draining: dict[int, float] = field(default_factory=dict)  # replica -> undeploy at (no new requests)
+    scale_reason: str = ""  # why the wanted count is not running (a chain does not fit), or ""
+    scale_next_try: float = -math.inf
 
 
 MAKE_BEFORE_BREAK = "make-before-break"
@@ -326,10 +332,51 @@ class Controller:
         entry = self.workloads.get(spec.name)
         if entry is None or entry.version != version:
             self.workloads[spec.name] = WorkloadEntry(spec, version)
+        elif entry.want is not None and spec.autoscale is not None:
+            # the same version again (a redeploy of the same text): the chains it scaled to stay,
+            # within its range; the autoscaler goes on from there
+            lo, hi = spec.autoscale.min_replicas, spec.autoscale.max_replicas
+            entry.spec = replace(spec, replicas=min(max(entry.spec.replicas, lo), hi))
+            if not lo <= entry.want <= hi:
+                entry.want = min(max(entry.want, lo), hi)
+                for r in range(entry.want, entry.spec.replicas):
+                    entry.draining.setdefault(r, -math.inf)
         else:
             entry.spec = spec
+            entry.want, entry.scale_reason = None, ""
+            entry.draining.clear()
         self._need_plan = True
         return out
+
+    def scale(self, name: str, replicas: int, now: float) -> bool:
+        """Want ``replicas`` replica chains of ``name`` without a new version (an autoscaler's step).
+
+        Up: each missing chain is placed alone beside the running ones, through the scheduler
+        with its gates (memory, power domains apart from the other replicas, the tenant's quota),
+        at the next passes; the running chains stay where they are. Down: the highest replicas
+        stop taking requests at once and are undeployed ``drain_s`` later (requests routed to
+        them finish). Returns False when ``name`` is unknown or switching versions (not now).
+        """
+        entry = self.workloads.get(name)
+        if entry is None or name in self.switches or replicas < 1:
+            return False
+        cur = entry.spec.replicas
+        entry.want = replicas
+        entry.scale_reason = ""
+        entry.scale_next_try = now
+        # a replica drained but wanted again serves again at once (it never left)
+        for r in [r for r in entry.draining if r < replicas]:
+            del entry.draining[r]
+        for r in range(replicas, cur):
+            entry.draining.setdefault(r, now + self.config.drain_s)
+        return True
+
+    def wanted_replicas(self, name: str) -> int:
+        """The replica chains ``name`` wants now (its autoscaler's count, else its spec's)."""
+        entry = self.workloads.get(name)
+        if entry is None:
+            return 0
+        return entry.spec.replicas if entry.want is None else entry.want
 
     def update_costs(self, name: str, profile: ChainProfile) -> None:
         """Measured costs for a workload's chain: used from the next plan on (a device lost, new work),
@@ -419,6 +466,7 @@ class Controller:
                     a.phase, a.lost_at, a.reason = Phase.LOST, now, _NOT_ALIVE
         self._expire(now)
         out.extend(self._repair(fleet, now))
+        out.extend(self._scale(fleet, now))
         if self._need_plan or (now - self._last_plan >= self.config.replan_interval_s
                                and any(e.status == "pending" for e in self.workloads.values())):
             out.extend(self._plan(fleet, now))
@@ -442,6 +490,11 @@ class Controller:
         for sw in self.switches.values():
             for t in sw.retire_at.values():
                 best = min(best, -math.inf if math.isnan(t) else t)
+        for e in self.workloads.values():
+            if e.draining:
+                best = min(best, min(e.draining.values()))
+            if e.want is not None and e.want > e.spec.replicas:
+                best = min(best, e.scale_next_try)
         return best
 
     # ------------------------------------------------------------ views
@@ -457,6 +510,8 @@ class Controller:
         if entry is None:
             return []
         new = self._chains_of(workload, entry, self._mine(workload, entry))
+        if entry.draining:
+            new = [c for c in new if c[0] not in entry.draining]
         sw = self.switches.get(workload)
         if sw is None:
             return new
@@ -962,7 +1017,7 @@ class Controller:
                 entry.status = "pending"
                 continue
             healthy = len(self._chains_of(name, entry, parts))
-            if healthy == entry.spec.replicas:
+            if healthy >= min(entry.spec.replicas, self.wanted_replicas(name)):
                 entry.status = "running"
             elif healthy > 0:
                 entry.status = "degraded"
@@ -1128,7 +1183,7 @@ class Controller:
         # replicas than old ones): once the new chain runs, ``chains`` drops the old one of that index.
         free = sorted((r for r in range(n) if r not in placed), key=lambda r: (r in live, r))
         if free:
-            cmds = self._place_replica(entry, free[0], fleet, now)
+            cmds, _ = self._place_replica(entry, free[0], fleet, now)
             if cmds:
                 sw.reason = f"v{new} does not fit next to v{old}: v{new} replica {free[0]} deploying"
                 return cmds
@@ -1192,13 +1247,79 @@ class Controller:
                              quotas=self.quotas or None)
         return any(r.name == name and r.placed for r in plan.workloads)
 
-    def _place_replica(self, entry: WorkloadEntry, r: int, fleet: Fleet, now: float) -> list[Command]:
-        """Rolling: place replica ``r`` of the new version alone, beside its replicas placed so far."""
+    # ------------------------------------------------------------ scaling (``scale``)
+
+    def _scale(self, fleet: Fleet, now: float) -> list[Command]:
+        """One step of each workload's scaling: drop drained chains, add one missing chain."""
+        out: list[Command] = []
+        for name, entry in self.workloads.items():
+            if name in self.switches:
+                continue
+            want = entry.want
+            if entry.draining:
+                due = [r for r, t in entry.draining.items() if t <= now]
+                if due and len(due) == len(entry.draining) and want is not None:
+                    out.extend(self._drop_replicas(entry, min(due)))
+                    entry.draining.clear()
+                    entry.spec = replace(entry.spec, replicas=want)
+                    entry.replicas = entry.replicas[:want]
+            if want is None or want <= entry.spec.replicas or now < entry.scale_next_try:
+                continue
+            r = entry.spec.replicas
+            have = {a.replica for a in self._mine(name, entry)}
+            if have != set(range(r)):
+                entry.scale_next_try = now + self.config.replan_interval_s
+                continue  # a chain is being (re)placed: add one once the gang is whole
+            cmds, why = self._add_replica(entry, r, fleet, now)
+            if cmds:
+                entry.spec = replace(entry.spec, replicas=r + 1)
+                entry.scale_reason = ""
+                self.counters["scaled_up"] = self.counters.get("scaled_up", 0) + 1
+                out.extend(cmds)
+                entry.scale_next_try = now
+            else:
+                entry.scale_reason = f"replica {r} does not fit: {why}"
+                entry.scale_next_try = now + self.config.replan_interval_s
+        return out
+
+    def _drop_replicas(self, entry: WorkloadEntry, first: int) -> list[Command]:
+        """Undeploy replicas ``first`` and up of the workload's version (drained: nothing routed there)."""
+        name = entry.spec.name
+        out: list[Command] = []
+        for key in sorted(k for k in self.assignments if k[0] == name and k[1] == entry.version and k[2] >= first):
+            a = self.assignments.pop(key)
+            self._first_sent.pop(key, None)
+            self._missing_since.pop(key, None)
+            if a.phase is not Phase.LOST:
+                out.append(self._undeploy(a.device, key))
+        self.counters["scaled_down"] = self.counters.get("scaled_down", 0) + 1
+        out.append(Persist(name))
+        return out
+
+    def _add_replica(self, entry: WorkloadEntry, r: int, fleet: Fleet, now: float) -> tuple[list[Command], str]:
+        """Place replica ``r`` alone beside the running ones, within the tenant's quota left."""
+        w = entry.spec
+        quotas = None
+        q = self.quotas.get(w.tenant)
+        if q is not None:
+            used = 0.0
+            for a in self._all_parts():
+                e = self.workloads.get(a.workload)
+                if a.phase is Phase.LOST or e is None or e.spec.tenant != w.tenant or e.spec.profile is None:
+                    continue
+                used += e.spec.profile.memory_of(a.first, a.last)
+            quotas = {w.tenant: Quota(max(0.0, q.memory_bytes - used))}
+        return self._place_replica(entry, r, fleet, now, spread=True, quotas=quotas)
+
+    def _place_replica(self, entry: WorkloadEntry, r: int, fleet: Fleet, now: float, *, spread: bool = False,
+                       quotas: Mapping[str, Quota] | None = None) -> tuple[list[Command], str]:
+        """Place replica ``r`` of the workload's version alone, beside its replicas placed so far
+        (rolling switches and scaling); the commands, or why it does not fit."""
         w = entry.spec
         if w.profile is None or w.source not in fleet.index or w.sink not in fleet.index:
-            return []
+            return [], "its source or sink is not in the fleet"
         domains = set()
-        if w.replicas > 1:
+        if w.replicas > 1 or spread:
             for a in self._mine(w.name, entry):
                 d = fleet.get(a.device)
                 if d is not None and a.replica != r and a.phase is not Phase.LOST:
@@ -1213,12 +1334,14 @@ class Controller:
                 continue
             devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - u), alive=d.alive and not banned))
         plan = self.schedule(Fleet(tuple(devices)), [replace(w, name=f"{w.name}#replica-{r}", replicas=1)],
-                             current=None, quotas=None)
+                             current=None, quotas=quotas)
         res = plan.workloads[0]
         if not res.placed:
-            return []
+            return [], "; ".join(f"{k}: {v}" for k, v in res.reasons) or "no fit"
         for i, p in enumerate(res.replicas[0].partitions):
             key = (w.name, entry.version, r, i)
             self.assignments[key] = Assignment(key, p.device, p.first, p.last, next_try=now)
             self._first_sent.pop(key, None)
-        return [Persist(w.name)]
+        if spread:  # scaling: the new chain's predicted costs for status
+            entry.replicas = entry.replicas[:r] + res.replicas + entry.replicas[r + 1:]
+        return [Persist(w.name)], ""
