@@ -124,6 +124,9 @@ def run(args: Any, tmp: Path, model: Path, x: np.ndarray, capacity: float) -> di
             "one_chain_again_after_step_down_s": None if back is None else round(back, 1),
             "answers_not_200_or_503": len(bad),
             "errors_top": sorted({str(r.get("error", r["status"]))[:90] for r in bad})[:3],
+            # when each failed answer was sent, against the step times (a scale event near it?)
+            "failed_sent_at_s": [round(r["sent"] - t0, 1) for r in bad][:20],
+            "step_up_at_s": round(up - t0, 1), "step_down_at_s": round(down - t0, 1),
             "requests": len(rows),
             "scale_events": watch.events,
             "loadavg": round(os.getloadavg()[0], 2),

@@ -29,8 +29,8 @@ class AutoscaleConfig:
     upscale_delay_s: float = 3.0     # the recommendation must stay above the current count this long
     downscale_delay_s: float = 30.0  # ... below it this long (longer: no flapping)
     #: scale down only when demand would fit the smaller count at this share of the target
-    #: (hysteresis: 0.7 target -> down only below 0.7 x 0.8 = 0.56 of the smaller count)
-    downscale_margin: float = 0.8
+    #: (hysteresis, HPA's 10 % tolerance: 0.7 target -> down only below 0.63 of the smaller count)
+    downscale_margin: float = 0.9
     min_samples: int = 2             # decisions need this many measurements in the delay window
 
 
