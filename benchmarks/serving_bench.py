@@ -254,6 +254,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "3x_504_le_1pct": (g3["share_504"] or 0) <= 0.01,
         "3x_refusals_p99_le_50ms": (g3["refusal_p99_ms"] or 0) <= 50,
     }
+    if not args.no_autoscale:  # issue 33: a step in load on an autoscaled workload (its own site)
+        from benchmarks import serving_autoscale
+
+        res["autoscale"] = serving_autoscale.run(args, tmp, model, x, capacity)
+        res["targets"].update({f"autoscale_{k}": v for k, v in res["autoscale"]["targets"].items()})
     return res
 
 
@@ -297,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=positive_float, default=40.0, help="seconds per phase")
     ap.add_argument("--flops", type=positive_float, default=1e9, help="each worker's FLOP/s (simulated)")
     ap.add_argument("--slo", type=positive_float, default=1.0, help="each request's deadline (s)")
+    ap.add_argument("--no-autoscale", action="store_true",
+                    help="skip the autoscaling phase (a step from 0.5x to 2.5x one chain's capacity and back)")
     ap.add_argument("--capacity-frames", type=positive_int, default=80,
                     help="frames of the closed-loop measure of one chain's capacity")
     args = ap.parse_args(list(argv) if argv is not None else None)
@@ -327,6 +334,12 @@ def _summary(out: dict[str, Any]) -> None:
     print(f"kill -9 at 1.5x: goodput {k['goodput_over_offered']} of offered, {k['admitted_then_failed']} admitted "
           f"then failed ({k['in_flight_at_kill']} in flight at the kill), 2 replicas again "
           f"{k['two_replicas_again_after_s']} s after it", file=p)
+    a = out.get("autoscale")
+    if a:
+        print(f"autoscale 0.5x -> 2.5x -> 0.5x: second chain after {a['second_chain_running_after_s']} s, third "
+              f"after {a['third_chain_running_after_s']} s, goodput {a['goodput_over_offered_last_20s_of_step']} of "
+              f"offered in the step's last 20 s, one chain again {a['one_chain_again_after_step_down_s']} s after "
+              f"the step down, {a['answers_not_200_or_503']} answers neither 200 nor 503; plot {a['plot']}", file=p)
     print("targets: " + ", ".join(f"{k}={v}" for k, v in out["targets"].items()), file=p)
 
 
