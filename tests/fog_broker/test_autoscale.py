@@ -16,6 +16,8 @@ from fog_broker.autoscale import (
 from fog_broker.controller import Controller, Persist, Phase
 from fog_broker.placement.model import Autoscale, Quota, Workload
 from fog_broker.placement.scheduler import schedule
+from fog_broker.router import _Rates
+from fog_broker.site_core import SetWorkload, SiteCore
 
 CFG = AutoscaleConfig(interval_s=1.0, upscale_delay_s=3.0, downscale_delay_s=10.0)
 
@@ -114,7 +116,7 @@ def running(c: Controller, f: object, t: float) -> float:
 
 
 def auto_workload(**kw: object) -> Workload:
-    return workload(replicas=1, autoscale=Autoscale(1, 3, 0.7), **kw)
+    return workload(replicas=1, autoscale=Autoscale(1, 3, 0.7), **kw)  # type: ignore[arg-type]
 
 
 def test_scale_up_adds_a_chain_beside_the_running_one_in_another_power_domain() -> None:
@@ -204,3 +206,61 @@ def test_redeploying_the_same_version_keeps_the_scaled_chains() -> None:
     cmds = c.reconcile(f, reported_of(c), t)
     assert not undeploys(cmds) and len(c.chains("w")) == 2
     assert all(a.phase is Phase.RUNNING for a in c.assignments.values())
+
+
+# ------------------------------------------------------------ the site core: rate_fps and the autoscaler
+
+
+def _core_with(w: Workload, f: object) -> tuple[SiteCore, float]:
+    core = SiteCore(schedule)
+    core.handle(SetWorkload(w, 1), 0.0, 0.0)
+    c = core.controller
+    t = running(c, f, 0.0)
+    return core, t
+
+
+def test_rate_fps_asks_for_the_chains_that_serve_it() -> None:
+    """A 4-segment chain of 1e8 FLOP segments on 1e10 FLOP/s devices: the plan's chain takes ~40 ms,
+    so 60 frames/s need 3 chains; the site core asks for them and the controller places them."""
+    f = fleet(SRC, *(dev(x, domain=f"p{x}") for x in "abcdefgh"))
+    core, t = _core_with(workload(rate_fps=60.0), f)
+    per_chain = core.chain_seconds("w")
+    assert 0.0 < per_chain < 1.0
+    need = replicas_for_rate(60.0, per_chain)
+    assert need >= 2
+    events = core.autoscale(t)
+    assert any(getattr(e, "kind", "") == "scaled" for e in events)
+    assert core.controller.wanted_replicas("w") == need
+    for i in range(need):
+        t = running(core.controller, f, t + 0.1 * i)
+    assert len(core.controller.chains("w")) == need
+
+
+def test_rate_fps_no_fleet_can_serve_is_pending_with_the_rate_it_reaches() -> None:
+    f = fleet(SRC, dev("a", domain="p1"), dev("b", domain="p1"))  # room for one chain only
+    core, t = _core_with(workload(rate_fps=1000.0), f)
+    core.autoscale(t)
+    running(core.controller, f, t)
+    e = core.controller.workloads["w"]
+    assert core.controller.wanted_replicas("w") > 1 and e.spec.replicas == 1
+    assert e.scale_reason.startswith("replica 1 does not fit")
+    assert len(core.controller.chains("w")) == 1  # what fits keeps serving
+
+
+def test_the_autoscaler_reads_the_routers_load() -> None:
+    """Offered load recorded by the router (requests refused for want of chains count too) scales
+    an autoscaled workload up, through SiteCore.tick, after the upscale delay."""
+    f = fleet(SRC, *(dev(x, domain=f"p{x}") for x in "abcdefgh"))
+    core, t = _core_with(auto_workload(), f)
+    chains = core.controller.chains("w")
+    for h in chains[0][1]:  # the devices report 100 ms per stage
+        core.router.note_stage(("w", 1, 0, h.index), 0.1)
+    assert core.router.bottleneck_s("w", chains) == pytest.approx(0.1)
+    rates = core.router._rates.setdefault("w", _Rates())
+    scaled = []
+    for i in range(120):  # 20 requests/s offered for 12 s: 2 chains busy at 100 %
+        now = t + i * 0.1
+        rates.offered.extend((now, now + 0.05))
+        if i % 10 == 0:
+            scaled += [e for e in core.autoscale(now) if getattr(e, "kind", "") == "scaled"]
+    assert scaled and core.controller.wanted_replicas("w") == 3  # 2 chains' load at 70 %: 2.9 -> 3
