@@ -139,7 +139,7 @@ def _workload_row(svc: FogService, name: str, follows: str | None) -> dict[str, 
     return {
         "name": name, "version": e.version, "status": e.status, "tenant": e.spec.tenant,
         "priority": e.spec.priority, "replicas": e.spec.replicas,
-        "autoscale": e.spec.autoscale.to_dict() if e.spec.autoscale else None,  # issue 33: not acted on yet
+        "autoscale": e.spec.autoscale.to_dict() if e.spec.autoscale else None,  # the range; "scaling": where it is
         "follows": follows if follows and follows.startswith("release:") else None,
         "healthy_replicas": c.healthy_replicas(name), "model": e.spec.model,
         "switch": c.switch_view(name),  # a version change in progress: what serves, what drains

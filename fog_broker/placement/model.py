@@ -516,7 +516,7 @@ class Quota:
 
 @dataclass(frozen=True, slots=True)
 class Autoscale:
-    """A replica range instead of a fixed ``replicas`` (issue 33: accepted and checked, not acted on yet)."""
+    """A replica range instead of a fixed ``replicas``: the site's autoscaler moves within it."""
 
     min_replicas: int = 1
     max_replicas: int = 1
@@ -578,9 +578,9 @@ class Workload:
     min_top1_agreement: float | None = None
     #: Each request's deadline (s) when it carries none: the router admits against it (issue 32).
     slo_s: float | None = None
-    #: A replica range instead of ``replicas`` (issue 33; checked, not acted on yet).
+    #: A replica range instead of ``replicas`` (``replicas`` holds ``min_replicas``; the autoscaler moves within it).
     autoscale: Autoscale | None = None
-    #: The rate (requests/s) the workload must serve (issue 33; checked, not acted on yet).
+    #: The rate (requests/s) the workload must serve: the site asks for enough replica chains for it.
     rate_fps: float | None = None
 
     #: Every field a workload object may have; anything else is refused (``_strict``).
