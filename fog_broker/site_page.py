@@ -151,6 +151,13 @@ def page_data(status: Mapping[str, Any]) -> dict[str, Any]:
             "reasons": reasons, "chains": chains, "evicted": bool(w.get("evicted")),
             "predicted_s": lat.get("predicted_s"), "measured_p50_s": lat.get("measured_p50_s"),
             "predicted_fps": thr.get("predicted_fps"), "measured_fps": thr.get("measured_fps"),
+            # under load (issues 32, 33): replicas wanted, the offered rate, goodput, shed, why it scaled
+            "replicas_wanted": (w.get("scaling") or {}).get("replicas_wanted"),
+            "offered_rps": (w.get("serving") or {}).get("offered_rps"),
+            "goodput_rps": (w.get("serving") or {}).get("goodput_rps"),
+            "shed_rps": (w.get("serving") or {}).get("shed_rps"),
+            "scale_events": list((w.get("scaling") or {}).get("events") or ()),
+            "scale_pending": (w.get("scaling") or {}).get("pending_reason"),
         })
     # What devices report running beyond the placement: the placed ones gain their reported health,
     # the rest (an old version, a partition being undeployed) are shown as orphans.
