@@ -17,6 +17,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "list":
         print("benchmarks: " + ", ".join(names))
         return 0
+    if args.name.replace("-", "_") in names:  # serving-overhead: the module is serving_overhead_bench
+        args.name = args.name.replace("-", "_")
     if args.name not in names + ["all"]:
         print(f"error: unknown benchmark {args.name!r}; choose from all, list, {', '.join(names)}",
               file=sys.stderr)

@@ -31,7 +31,7 @@ from runtime.errors import RemoteViolation
 __all__ = [
     "DATATYPES", "EXTENSIONS", "ProtocolError", "TensorSpec", "ModelSpec", "OutputRequest", "InferRequest",
     "datatype_of", "parse_infer", "parse_tensors", "check_inputs", "encode_response", "error_body",
-    "MAX_ELEMENTS", "ENCODINGS", "inflate",
+    "MAX_ELEMENTS", "ENCODINGS", "inflate", "json_bytes",
 ]
 
 # KServe datatype -> numpy dtype (little-endian, as the binary extension sends them).
@@ -388,6 +388,15 @@ def check_inputs(req: InferRequest, spec: ModelSpec, max_bytes: int | None = Non
 
 
 # ------------------------------------------------------------------ responses
+
+
+def json_bytes(req: InferRequest, tensors: Mapping[str, Any]) -> int:
+    """Bytes of the outputs ``encode_response`` writes as JSON numbers, the costly part (a binary
+    output is one copy)."""
+    binary = {o.name: req.wants_binary(o) for o in req.outputs}
+    names = list(binary) if req.outputs else list(tensors)
+    return sum(int(getattr(tensors[n], "nbytes", 0)) for n in names
+               if n in tensors and not binary.get(n, req.binary_output))
 
 
 def encode_response(model: str, version: str, req: InferRequest, tensors: Mapping[str, np.ndarray],

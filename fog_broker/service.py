@@ -630,15 +630,14 @@ class FogService:
                     self.publish_signed(cmd.reply_to, cmd.result)
 
     def _send_activation(self, act: Activation) -> None:
-        """Issue the attempt's route ticket and seal hop 0 (``runtime.relay``)."""
+        """Issue the attempt's route ticket, which vouches for hop 0's tensors too (``runtime.relay``)."""
         keys = [self.device_keys.key_bytes(h.device_id) for h in act.route]
         if any(k is None for k in keys):
             self._carry_out(self.core.handle(RouteUntrusted(act, time.time()), time.monotonic(), time.time()))
             return
         ticket = RouteTicket(self.config.fog_id, act.request_id, act.workload, act.route,
                              tuple(k for k in keys if k is not None), act.reply_to, act.deadline)
-        raw, sig = relay.issue_ticket(self.identity, ticket)
-        frame = relay.seal(self.identity, replace(act, ticket=raw, ticket_sig=sig))
+        frame = relay.issue(self.identity, ticket, act)
         self.mqtt.publish(self.topics.device(act.route[0].device_id, "ACT"), frame)
 
     def _handle_other(self, topic: str, msg: Any, at: float) -> None:

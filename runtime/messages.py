@@ -407,6 +407,8 @@ class RouteTicket(Message):
 
     ``keys[i]`` is the Ed25519 key of ``route[i].device_id``: a hop accepts an activation only
     sealed by the previous hop's key named here (or, for hop 0, by the fog itself).
+    ``inputs_sha256`` (when set) is the SHA-256 of hop 0's encoded ``Tensors``: the ticket's
+    signature then vouches for hop 0's frame too, which needs no signature of its own.
     """
 
     KIND: ClassVar[str] = "inf.ticket"
@@ -417,10 +419,13 @@ class RouteTicket(Message):
     keys: tuple[bytes, ...]
     reply_to: str
     deadline: float = 0.0
+    inputs_sha256: bytes = b""
 
     def validate(self) -> None:
         if any(len(k) != 32 for k in self.keys):
             raise RemoteViolation("route keys must be Ed25519 public keys (32 bytes)")
+        if self.inputs_sha256 and len(self.inputs_sha256) != 32:
+            raise RemoteViolation("inputs_sha256 must be a SHA-256 digest (32 bytes)")
 
 
 @message

@@ -7,7 +7,8 @@ both. A device accepts a frame only when
 
 1. the ticket carries the pinned fog key's signature,
 2. the frame is for one of its own hops, and
-3. it is signed by the hop before it in that ticket (hop 0: by the fog),
+3. it is signed by the hop before it in that ticket (hop 0: by the fog, or its tensors are
+   the ones whose SHA-256 the fog-signed ticket names: one signature for the ticket and hop 0),
 
 and it decodes the tensors only after all three hold. So no enrolled device can
 inject work into another's partition or forge an answer unless it is the
@@ -18,7 +19,10 @@ phrases for counters.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
+from dataclasses import replace
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -28,10 +32,10 @@ from .errors import DecodeError, SecurityError
 from .messages import Activation, InferenceResult, Relay, RouteTicket, Tensors
 from .verify import Identity, Signer
 
-__all__ = ["RelayError", "Sealer", "issue_ticket", "seal", "open_relay", "ticket_of"]
+__all__ = ["RelayError", "Sealer", "issue_ticket", "issue", "seal", "open_relay", "ticket_of"]
 
 _TICKET_DOMAIN = b"fogline-route-v1\x00"
-_RELAY_DOMAIN = b"fogline-relay-v1\x00"
+_RELAY_DOMAIN = b"fogline-relay-v2\x00"
 _FRAME_OBJECTS = 64        # a Relay is [kind, version, {6 fields}]: 16 objects
 _TICKET_OBJECTS = 8192     # 16 objects a hop: routes of several hundred hops at most
 _LEN = struct.Struct("<Q")
@@ -42,15 +46,27 @@ class RelayError(SecurityError):
 
 
 def _relay_bytes(hop: int, sender: str, ticket: bytes, ticket_sig: bytes, tensors: bytes) -> bytes:
+    # The signature covers the tensors' SHA-256, not the tensors: Ed25519 hashes what it signs
+    # twice with SHA-512 (and verifying once more), 15 ms to sign a 1.2 MB frame here against
+    # 2 ms for one SHA-256 (SHA extensions); the digest binds the bytes as tightly.
     s = sender.encode()
     return b"".join((_RELAY_DOMAIN, _LEN.pack(hop), _LEN.pack(len(s)), s, _LEN.pack(len(ticket)), ticket,
-                     ticket_sig, _LEN.pack(len(tensors)), tensors))
+                     ticket_sig, _LEN.pack(len(tensors)), hashlib.sha256(tensors).digest()))
 
 
 def issue_ticket(fog: Identity, ticket: RouteTicket) -> tuple[bytes, bytes]:
     """Encode and sign a route ticket: (ticket bytes, fog signature)."""
     raw = codec.encode(ticket)
     return raw, fog.sign(_TICKET_DOMAIN + raw)
+
+
+def issue(fog: Identity, ticket: RouteTicket, act: Activation) -> bytes:
+    """Hop 0's frame for ``act`` under ``ticket``, with one signature: the ticket names the SHA-256 of
+    the encoded tensors, so its signature vouches for both (half the Ed25519 work of a ticket plus
+    a sealed frame, at the fog and at hop 0)."""
+    tensors = codec.encode(Tensors(act.tensors))
+    raw, sig = issue_ticket(fog, replace(ticket, inputs_sha256=hashlib.sha256(tensors).digest()))
+    return codec.encode(Relay(0, fog.name, raw, sig, tensors, b""))
 
 
 def seal(sender: Identity, act: Activation) -> bytes:
@@ -99,8 +115,12 @@ def open_relay(data: bytes | memoryview, fog_key: bytes, me: str, now: float, *,
         if frame.sender != t.route[frame.hop - 1].device_id:
             raise RelayError("wrong sender", "not the previous hop")
         key = t.keys[frame.hop - 1]
-    _verify(key, frame.signature,
-            _relay_bytes(frame.hop, frame.sender, frame.ticket, frame.ticket_sig, frame.tensors), "bad signature")
+    if frame.hop == 0 and t.inputs_sha256:  # the fog's ticket signature covers these tensors (issue)
+        if not hmac.compare_digest(hashlib.sha256(frame.tensors).digest(), t.inputs_sha256):
+            raise RelayError("bad signature", "hop 0's tensors are not the ones the ticket names")
+    else:
+        _verify(key, frame.signature, _relay_bytes(frame.hop, frame.sender, frame.ticket, frame.ticket_sig,
+                                                   frame.tensors), "bad signature")
     if t.deadline and now > t.deadline + max_skew_s:
         raise RelayError("expired")
     try:

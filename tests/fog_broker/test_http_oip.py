@@ -190,3 +190,17 @@ def test_round_trip_any_tensor(datatype: str, shape: list[int], binary: bool, se
         req = oip.parse_infer(json.dumps({"inputs": [t]}).encode())
     np.testing.assert_array_equal(req.inputs["t"], arr)
     assert req.inputs["t"].dtype == dt
+
+
+@pytest.mark.parametrize("outputs, binary_output, want", [
+    ((), False, 40 + 8),                                     # every output as JSON numbers
+    ((), True, 0),                                           # every output binary: one copy each
+    ((oip.OutputRequest("a"),), False, 40),                  # only what was asked for
+    ((oip.OutputRequest("a", binary=True), oip.OutputRequest("b")), False, 8),
+    ((oip.OutputRequest("a", binary=False),), True, 40),     # per-output flag over the request's
+])
+def test_json_bytes_counts_only_outputs_written_as_json(outputs: tuple[oip.OutputRequest, ...],
+                                                        binary_output: bool, want: int) -> None:
+    req = oip.InferRequest(None, {}, outputs, binary_output)
+    tensors = {"a": np.zeros(10, np.float32), "b": np.zeros(2, np.float32)}
+    assert oip.json_bytes(req, tensors) == want

@@ -116,3 +116,55 @@ def test_sealer_results_verify_against_the_device_key_only() -> None:
     assert Verifier(TrustStore({"dev-a": A.public_key_bytes})).verify_only(env).request_id == "req-1"  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="bad signature"):
         Verifier(TrustStore({"dev-a": B.public_key_bytes})).verify_only(env)
+
+
+# ------------------------------------------------------------------ hop 0 under the ticket's one signature
+
+
+def _issued(signer: Identity = FOG) -> tuple[Activation, bytes]:
+    act = _ticketed()
+    t = RouteTicket("fog-1", "req-1", "w", ROUTE, KEYS, act.reply_to, act.deadline)
+    return act, relay.issue(signer, t, act)
+
+
+def test_hop_0_issued_with_one_signature_is_accepted_and_forwarded() -> None:
+    act, data = _issued()
+    frame = codec.decode(data)
+    assert isinstance(frame, Relay) and frame.signature == b""  # the ticket's signature vouches for it
+    got = relay.open_relay(data, FOG.public_key_bytes, "dev-a", NOW)
+    np.testing.assert_array_equal(got.tensors["x"], act.tensors["x"])
+    fwd = dataclasses.replace(got, hop=1, tensors={"h": np.ones(3, np.float32)})
+    assert relay.open_relay(relay.seal(A, fwd), FOG.public_key_bytes, "dev-b", NOW).hop == 1
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("tensors swapped", "bad signature"),
+    ("ticket signed by another key", "bad ticket signature"),
+    ("digest rewritten in the ticket", "bad ticket signature"),
+    ("sent to hop 1 as if forwarded", "wrong sender"),
+])
+def test_hop_0_under_the_ticket_refuses(case: str, reason: str) -> None:
+    me = "dev-a"
+    if case == "ticket signed by another key":
+        data = _issued(Identity.generate("fog-1"))[1]
+    else:
+        frame = codec.decode(_issued()[1])
+        assert isinstance(frame, Relay)
+        if case == "tensors swapped":
+            frame = dataclasses.replace(frame, tensors=codec.encode(
+                codec.decode(frame.tensors).__class__({"x": np.zeros((2, 3), np.float32)})))
+        elif case == "digest rewritten in the ticket":
+            t = codec.decode(frame.ticket)
+            assert isinstance(t, RouteTicket) and len(t.inputs_sha256) == 32
+            frame = dataclasses.replace(frame, ticket=codec.encode(dataclasses.replace(t, inputs_sha256=bytes(32))))
+        else:
+            me, frame = "dev-b", dataclasses.replace(frame, hop=1)
+        data = codec.encode(frame)
+    with pytest.raises(RelayError) as err:
+        relay.open_relay(data, FOG.public_key_bytes, me, NOW)
+    assert err.value.reason == reason
+
+
+def test_a_ticket_digest_that_is_not_sha256_is_refused() -> None:
+    with pytest.raises(Exception, match="inputs_sha256"):
+        RouteTicket("fog-1", "req-1", "w", ROUTE, KEYS, "r", NOW, b"short")
