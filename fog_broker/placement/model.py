@@ -8,7 +8,7 @@ The JSON shapes are those of ``COST_MODEL.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +20,7 @@ __all__ = [
     "SpecError", "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
     "ChainProfile", "Workload", "Quota", "PartitionPlacement", "ReplicaPlacement",
     "WorkloadPlacement", "WorkloadResult", "PlanMetrics", "Plan", "parse_workloads",
-    "NO_SCHEDULE_EFFECTS",
+    "NO_SCHEDULE_EFFECTS", "CLASS_KEY", "class_key", "class_label", "measured_times",
 ]
 
 #: Taint effects that forbid placement (``PreferNoSchedule`` only scores, and we do not score it).
@@ -29,6 +29,37 @@ NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 class SpecError(RemoteViolation):
     """A fleet, workload or plan document that does not match the documented format."""
+
+
+#: Segment times measured for a device class are keyed ``class:NAME``. ``:`` is in no identifier
+#: (``runtime.ids``), so a class key never names a device and a device id never names a class: a
+#: device labelled ``device-class=<another device's id>`` reads and writes nobody's times but its own.
+CLASS_KEY = "class:"
+
+
+def class_key(device_class: str) -> str:
+    """The segment-times key of a device class (``class:NAME``); '' for no class."""
+    return CLASS_KEY + device_class if device_class else ""
+
+
+def class_label(labels: Mapping[str, str], known: Container[str] = ()) -> str:
+    """A device's class: its ``device-class`` label, else ``device-model`` (e.g. ``pi4``); '' when
+    it has neither, or when the label is one of the ``known`` device ids (a class never names a
+    device: that label once filed a liar's times under its victim's id)."""
+    cls = labels.get("device-class") or labels.get("device-model") or ""
+    return "" if cls in known else cls
+
+
+def measured_times(table: Mapping[str, Any], device_id: str, device_class: str) -> Any:
+    """The one lookup of measured segment times: the device's own (its id), else its class's
+    (``class:NAME``), else a plain key equal to its class (how operators wrote class times, and
+    still may: the fog refuses a class label that names a known device); None when none."""
+    hit = table.get(device_id)
+    if hit is None and device_class:
+        hit = table.get(CLASS_KEY + device_class)
+        if hit is None:
+            hit = table.get(device_class)
+    return hit
 
 
 # --- field readers: one place that turns wrong types into SpecError -------------------------
@@ -100,7 +131,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 
 
 def _segment_times(v: Any, n: int | None, where: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
-    """``{device id or class: [seconds per segment]}``, every list as long as the chain."""
+    """``{device id, class or class:NAME: [seconds per segment]}``, every list as long as the chain."""
     out = []
     for key, times in _obj(v, where).items():
         w = f"{where}.{key}"
@@ -239,8 +270,7 @@ class Device:
     def device_class(self) -> str:
         """What measured segment times are keyed by besides the id: the ``device-class``
         label, else ``device-model`` (e.g. ``pi4``); '' when the device has neither."""
-        labels = dict(self.labels)
-        return labels.get("device-class") or labels.get("device-model") or ""
+        return class_label(dict(self.labels))
 
     @property
     def power_domain(self) -> str:
@@ -416,10 +446,8 @@ class ChainProfile:
         """Measured segment seconds on ``device`` (by id, then by class), or None."""
         if not self.segment_times:
             return None
-        table = dict(self.segment_times)
-        hit = table.get(device.id)
-        if hit is None and device.device_class:
-            hit = table.get(device.device_class)
+        hit: tuple[float, ...] | None = measured_times(dict(self.segment_times), device.id,
+                                                       device.device_class)
         return hit
 
     def cut_bytes(self, i: int) -> float:
