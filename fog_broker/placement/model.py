@@ -250,6 +250,9 @@ class Device:
     #: False while the device's capacity claims are flagged (out of bounds, or far above what
     #: its own calibration measured): it may then hold no workload's first (or only) replica.
     verified: bool = True
+    #: False until the fog has measured the device's compute (a calibration of its own): its
+    #: claim alone leads nothing while a measured device can (the scheduler's ``VerifiedLead``).
+    measured: bool = True
     #: True while the device reports thermal throttling (its state's ``throttled``): it takes no
     #: partition, and what it runs is re-placed (the scheduler's ``NotThrottled``).
     throttled: bool = False
@@ -285,7 +288,8 @@ class Device:
                        memory_bytes: float | None = None, uplink_bps: float | None = None,
                        rtt_s: float | None = None, battery_level: float = 1.0,
                        charging: bool = False, alive: bool = True, verified: bool = True,
-                       power_active_w: float | None = None, throttled: bool = False) -> Device:
+                       power_active_w: float | None = None, throttled: bool = False,
+                       measured: bool = True) -> Device:
         """The scheduler's view of a device record (a birth, a profile): the one conversion.
 
         The fog's better knowledge replaces claims: measured ``flops``, free ``memory_bytes``,
@@ -305,7 +309,8 @@ class Device:
             rx_j_per_byte=res.rx_j_per_byte, labels=tuple(sorted(res.labels.items())),
             taints=tuple(Taint(t.key, t.value, t.effect) for t in res.taints) if res.taints else (),
             battery=None if cap is None else Battery(cap, min(max(battery_level, 0.0), 1.0), charging),
-            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled)
+            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled,
+            measured=measured)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "device") -> Device:
@@ -330,6 +335,7 @@ class Device:
             alive=alive,
             providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
             verified=_bool(d.get("verified", True), f"{w}.verified"),
+            measured=_bool(d.get("measured", True), f"{w}.measured"),
             throttled=_bool(d.get("throttled", False), f"{w}.throttled"),
         )
 
@@ -339,6 +345,8 @@ class Device:
             out["providers"] = list(self.providers)
         if not self.verified:
             out["verified"] = False
+        if not self.measured:
+            out["measured"] = False
         if self.throttled:
             out["throttled"] = True
         return out

@@ -224,6 +224,11 @@ def measured_power(st: DeviceState) -> float | None:
     return best
 
 
+#: A state's ``uplink_bps`` beyond this (the birth clamp's cap) is taken at it: the wire range
+#: admits 1e13, which once made one device every chain's favourite hop.
+_MAX_UPLINK = float(RESOURCE_RANGES["uplink_bps"].plausible or 1e11)
+
+
 def _throttled(rec: DeviceRecord) -> bool:
     st = rec.state
     return st is not None and st.epoch == rec.epoch and bool(st.throttled)
@@ -263,8 +268,8 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
         free, st_level, st_charging, st_uplink, st_rtt, reserved, throttled = figures
         mem = min(mem, float(free) + reserved)
         level, charging = (st_level if st_level is not None else 1.0), bool(st_charging)
-        if st_uplink:
-            uplink = st_uplink
+        if st_uplink:  # the agent's estimate of its link, no further than any real link goes
+            uplink = min(st_uplink, _MAX_UPLINK)
         if st_rtt is not None:
             rtt = st_rtt
     # Measured, not assumed: once the device's calibration exists it replaces the claim. No silent
@@ -273,7 +278,7 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
     dev = Device.from_resources(
         did, b, flops=measured, memory_bytes=max(mem, 0.0), uplink_bps=uplink, rtt_s=rtt,
         battery_level=level, charging=charging, alive=bool(alive), verified=bool(verified),
-        power_active_w=power, throttled=bool(throttled))
+        power_active_w=power, throttled=bool(throttled), measured=measured is not None)
     if class_refused:  # its class label names a known device: it is of no class (``class_label``)
         dev = replace(dev, labels=tuple((k, v) for k, v in dev.labels
                                         if k not in ("device-class", "device-model")))
