@@ -86,11 +86,11 @@ def _hex_address(host: str, port: int) -> tuple[str, str]:
         raw6 = socket.inet_pton(socket.AF_INET6, host)
         v4 = ""
         if raw6[:12] == b"\0" * 10 + b"\xff\xff":  # ::ffff:a.b.c.d is also a v4 socket's peer
-            v4 = "%08X:%04X" % (struct.unpack("=I", raw6[12:])[0], port)
+            v4 = f"{struct.unpack('=I', raw6[12:])[0]:08X}:{port:04X}"
     else:
         raw6 = b"\0" * 10 + b"\xff\xff" + socket.inet_aton(host)
-        v4 = "%08X:%04X" % (struct.unpack("=I", socket.inet_aton(host))[0], port)
-    v6 = "".join("%08X" % w for w in struct.unpack("=4I", raw6)) + ":%04X" % port
+        v4 = f"{struct.unpack('=I', socket.inet_aton(host))[0]:08X}:{port:04X}"
+    v6 = "".join(f"{w:08X}" for w in struct.unpack("=4I", raw6)) + f":{port:04X}"
     return v4, v6
 
 

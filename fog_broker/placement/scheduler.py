@@ -43,8 +43,8 @@ from .plugins import (
     QuotaCheck,
     filters,
     first_failures,
-    unmeasured_leads,
     pending_reasons,
+    unmeasured_leads,
 )
 
 __all__ = ["SchedulerConfig", "schedule"]

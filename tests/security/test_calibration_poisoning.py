@@ -13,10 +13,10 @@ adverts a lying agent sends; the attacker does not follow our protocol's honesty
 """
 from __future__ import annotations
 
+from _site_core import MB, Site, birth
+
 from fog_broker.placement.model import ChainProfile, Segment, Workload
 from fog_broker.site_core import Advert, SetWorkload
-
-from _site_core import MB, Site, birth
 
 VICTIM, LIAR = "victim", "liar"
 DEVICES = {"src": (1e6, 1, (), 0.0),

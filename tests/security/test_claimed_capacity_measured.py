@@ -10,10 +10,10 @@ capped at what any real link reaches. The real ``SiteCore`` is fed the liar's ad
 """
 from __future__ import annotations
 
+from _site_core import MB, Site
+
 from fog_broker.placement.model import ChainProfile, Segment, Workload
 from fog_broker.site_core import SetWorkload
-
-from _site_core import MB, Site
 
 LIAR = "liar"
 HONEST = {"src": (1e6, 1, (), 0.0),
