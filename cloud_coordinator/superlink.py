@@ -124,7 +124,7 @@ def own_user_only(app: ASGIApp, uid: int, owner: Callable[[tuple[str, int], tupl
     async def guarded(scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] in ("http", "websocket"):
             client, server = scope.get("client"), scope.get("server")
-            who = owner(tuple(client), tuple(server)) if client and server else None  # type: ignore[arg-type]
+            who = owner(tuple(client), tuple(server)) if client and server else None
             if who != uid:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": 1008})

@@ -92,7 +92,7 @@ class CalibrationBook:
         return not applied or any(abs(a - b) > self.change * max(b, 1e-9) for a, b in zip(full, applied))
 
     def forget(self, workload: str) -> None:
-        for k in [k for k in self._book if k[0] == workload]:
-            del self._book[k]
-        for k in [k for k in self._classes if k[0] == workload]:
-            del self._classes[k]
+        for wv in [k for k in self._book if k[0] == workload]:
+            del self._book[wv]
+        for wvc in [k for k in self._classes if k[0] == workload]:
+            del self._classes[wvc]
