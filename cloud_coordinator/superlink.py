@@ -22,8 +22,8 @@ The loopback listener is no boundary between the accounts of one host: any
 local user (``nobody`` too) could reach it and ``flwr run`` code as the
 coordinator's user, who holds every site's credentials. Flower's CLI and
 SuperExec dial only TCP (no unix socket), so the listener asks the kernel who
-owns each connection's other end (``/proc/net/tcp``: the peer socket's uid, as
-identd did) and answers 403 unless it is this process's own user
+owns each connection's other end (sock_diag, else ``/proc/net/tcp``: the peer
+socket's uid, as identd did) and answers 403 unless it is this process's own user
 (``own_user_only``). Everything the SuperLink creates (``superlink.db``) is
 its user's alone (umask 077).
 
@@ -104,8 +104,41 @@ def socket_owner(table: str, local: tuple[str, int], remote: tuple[str, int]) ->
     return None
 
 
+_SOCK_DIAG_BY_FAMILY = 20
+_NETLINK_SOCK_DIAG = 4
+
+
+def _diag_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The kernel's sock_diag answer for one TCP socket (an exact lookup: ~20 us, where reading
+    /proc/net/tcp walks every socket of the host, ~35 ms on a loaded one); None when absent."""
+    fam = socket.AF_INET6 if ":" in local[0] else socket.AF_INET
+
+    def addr(host: str) -> bytes:
+        raw = socket.inet_pton(fam, host)
+        return raw + b"\0" * (16 - len(raw))
+
+    # inet_diag_req_v2: family, protocol, ext, pad, states; inet_diag_sockid: ports (network order),
+    # addresses, interface, cookie (INET_DIAG_NOCOOKIE: match on the addresses alone)
+    sockid = struct.pack("!HH", local[1], remote[1]) + addr(local[0]) + addr(remote[0]) + \
+        struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)
+    req = struct.pack("=BBBxI", fam, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + sockid
+    msg = struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 1, 1, 0) + req  # NLM_F_REQUEST
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as s:
+        s.settimeout(1.0)
+        s.sendto(msg, (0, 0))
+        data = s.recv(65536)
+    if len(data) < 16 + 4 + 48 + 16 or struct.unpack_from("=H", data, 4)[0] != _SOCK_DIAG_BY_FAMILY:
+        return None  # NLMSG_ERROR (no such socket)
+    uid: int = struct.unpack_from("=I", data, 16 + 4 + 48 + 12)[0]  # inet_diag_msg.idiag_uid
+    return uid
+
+
 def peer_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
     """The uid of the process end of a loopback TCP connection (the client's socket), None when unknown."""
+    try:
+        return _diag_uid(client, server)
+    except (OSError, ValueError, struct.error):
+        pass  # no sock_diag here: the /proc tables say the same, slowly
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(name, encoding="ascii") as f:

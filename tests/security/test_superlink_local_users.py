@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_coordinator.superlink import own_user_only, socket_owner
+from cloud_coordinator.superlink import own_user_only, peer_uid, socket_owner
 from runtime.broker import free_port
 
 from waiting import wait_for
@@ -103,3 +103,16 @@ def test_the_guard_serves_only_its_own_user(owner: int | None, status: int) -> N
     guarded = own_user_only(app, 0, lambda c, s: owner)
     asyncio.run(guarded({"type": "http", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 6)}, None, send))
     assert sent[0]["status"] == status
+
+
+def test_peer_uid_names_this_process_for_its_own_connection() -> None:
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    with srv, socket.create_connection(srv.getsockname()) as c:
+        conn, _ = srv.accept()
+        with conn:
+            assert peer_uid(c.getsockname(), srv.getsockname()) == os.getuid()
+            assert peer_uid(("127.0.0.1", 1), srv.getsockname()) is None
