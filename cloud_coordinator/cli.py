@@ -227,7 +227,7 @@ def coordinator(args: argparse.Namespace) -> int:
     from .launcher import RunStopped, Supervisor, SupervisorOptions, require_loopback_superlink
     from .policy import CheckpointPolicy
     from .release import ReleaseError, resolve_export
-    from .settings import RELEASES_DIR, Settings
+    from .settings import RELEASES_DIR, Settings, key_path
     from .sites import summaries_dir_of
     from .supervision import watchdog_bound
 
@@ -271,7 +271,7 @@ def coordinator(args: argparse.Namespace) -> int:
         if creds is not None:  # one site, as before: checkpoints and releases signed with its credentials
             signing_path, signer = creds.dir / "signing.key", creds.name
         else:
-            signing_path, signer = work / "coordinator.key", "coordinator"
+            signing_path, signer = key_path(work, "coordinator.key"), "coordinator"
             Identity.load_or_create(signer, signing_path)
         if spec.export:  # import the hook here too: a typo fails now, not in a ServerApp log
             sys.path.insert(0, str(spec.dir))

@@ -21,7 +21,7 @@ from runtime.errors import LocalViolation
 from runtime.files import atomic_write
 
 __all__ = ["Settings", "SETTINGS_KEY", "SETTINGS_ENV", "SETTINGS_FILE", "REPORT_FILE", "FATAL_FILE", "PROGRESS_FILE",
-           "RELEASES_DIR", "SUMMARIES_DIR", "settings_for"]
+           "RELEASES_DIR", "SUMMARIES_DIR", "settings_for", "key_path"]
 
 SETTINGS_KEY = "fogline-settings"
 SETTINGS_ENV = "FOGLINE_SETTINGS"
@@ -30,6 +30,21 @@ REPORT_FILE = "report.json"  # written by the ServerApp when every round is done
 FATAL_FILE = "fatal.json"    # written by the ServerApp when bad input stops the run (not worth a restart)
 PROGRESS_FILE = "progress.json"  # the ServerApp's heartbeat, every training attempt (the supervisor's watchdog)
 RELEASES_DIR = "releases"
+
+
+def key_path(checkpoint_dir: Path, name: str) -> Path:
+    """Where the key that signs (and so verifies) ``checkpoint_dir``'s checkpoints lives: beside it
+    in ``<dir>.keys/`` (0700), never inside it: whoever may write the checkpoints must not also
+    swap the key that vouches for them. A key an older version left inside moves out (same key:
+    the checkpoints it signed still verify)."""
+    keys = checkpoint_dir.parent / f"{checkpoint_dir.name}.keys"
+    path = keys / name
+    old = checkpoint_dir / name
+    keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(keys, 0o700)
+    if old.is_file() and not path.exists():
+        os.replace(old, path)
+    return path
 SUMMARIES_DIR = "summaries"
 
 

@@ -118,10 +118,10 @@ def _run_service(args: argparse.Namespace, work: Path, table: Any, insecure: boo
     from runtime.security import Identity
 
     from .release import build_release, onnx_file, release_path, version_for, write_release
-    from .settings import RELEASES_DIR
+    from .settings import RELEASES_DIR, key_path
     from .siteservice import SiteService
 
-    signer = Identity.load_or_create("coordinator", work / "coordinator.key")
+    signer = Identity.load_or_create("coordinator", key_path(work, "coordinator.key"))
     service = SiteService(work, table, signer, insecure=insecure)
     if add is not None:
         model, name, version = add

@@ -207,8 +207,9 @@ class CheckpointStore:
         for i, d in enumerate(self.dirs):
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                atomic_write(d / bin_name, payload, sync_dir=False)
-                atomic_write(d / json_name, mbytes)
+                # the model's weights are the coordinator's alone (they were world-readable)
+                atomic_write(d / bin_name, payload, sync_dir=False, mode=0o600)
+                atomic_write(d / json_name, mbytes, mode=0o600)
                 written.append(i)
             except OSError as exc:
                 failed[i] = f"{type(exc).__name__}: {exc.strerror or exc}"

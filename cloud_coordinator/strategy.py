@@ -95,14 +95,22 @@ from .selection import (
     policy_named,
     select_clients,
 )
-from .settings import FATAL_FILE, PROGRESS_FILE, RELEASES_DIR, REPORT_FILE, Settings, settings_for
+from .settings import (
+    FATAL_FILE,
+    PROGRESS_FILE,
+    RELEASES_DIR,
+    REPORT_FILE,
+    Settings,
+    key_path,
+    settings_for,
+)
 from .store import Checkpoint, CheckpointStore, QuorumError, atomic_write
 from .supernodes import KeyBook, devices_of
 
 __all__ = ["RobustStrategy", "Release", "RunFailed", "CHECKPOINT_KEY"]
 
 log = logging.getLogger("fogline.strategy")
-CHECKPOINT_KEY = "checkpoint.key"  # default signing key, in the first checkpoint directory
+CHECKPOINT_KEY = "checkpoint.key"  # default signing key, beside the first checkpoint directory (key_path)
 LOCK_FILE = ".coordinator.lock"
 POLL_S = 0.2
 
@@ -568,7 +576,7 @@ class RobustStrategy(Strategy):
             return None
         ident = self.signing_key
         if ident is None:
-            ident = Identity.load_or_create("coordinator", self.checkpoint_dirs[0] / CHECKPOINT_KEY)
+            ident = Identity.load_or_create("coordinator", key_path(self.checkpoint_dirs[0], CHECKPOINT_KEY))
         elif not isinstance(ident, Identity):
             ident = Identity.load("coordinator", ident)
         self.signing_key = ident

@@ -111,7 +111,8 @@ def _token_create(args: argparse.Namespace) -> int:
                                   description=args.description)
     print(token)
     print(f"valid {args.ttl:g} s for {args.uses} device(s){', auto-approved' if args.auto_approve else ''}; "
-          f"on a device: fogline agent --broker HOST:PORT --id ID --data-dir DIR --token TOKEN", file=sys.stderr)
+          f"on a device: save it to a file only you can read, then fogline agent --broker HOST:PORT --id ID "
+          f"--data-dir DIR --token-file FILE", file=sys.stderr)
     return 0
 
 

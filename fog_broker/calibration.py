@@ -3,26 +3,27 @@
 Every agent times each partition once when it loads it (``PartitionStatus.calib_s``:
 one request's compute on that device). The fog spreads that time over the
 partition's segments in proportion to their FLOPs and keeps the result per
-(workload, version, device class). Segments not yet measured on a class are
-filled in at the speed (seconds per FLOP) its measured segments ran at, so one
-partition is enough to calibrate a class; the scheduler gets the times
+(workload, version, device). Segments not yet measured on a device are filled
+in at the speed (seconds per FLOP) its measured segments ran at, so one
+partition is enough to calibrate a device; the scheduler gets the times
 (``ChainProfile.segment_times``) and places later work by them instead of by
-FLOPs over a peak throughput. A
-class is the device's ``device-class`` or ``device-model`` label, else the device
-itself. No clock, no I/O: the service calls ``note`` with what it heard.
+FLOPs over a peak throughput.
+
+A device's times are keyed by the id the broker authenticated (the registry's),
+never by a label. A class's times (``class:NAME``, a namespace no device id is
+in) are the per-segment upper median over the devices of that class the fog
+knows: one liar among its class cannot make the class look faster, and nobody's
+label reaches another device's own times. No clock, no I/O: the service calls
+``note`` with what it heard.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median_high
 
-from .placement.model import ChainProfile
+from .placement.model import ChainProfile, class_key
 
-__all__ = ["CalibrationBook", "split_by_flops", "device_class", "throughput", "MIN_THROUGHPUT_S"]
-
-
-def device_class(device_id: str, labels: dict[str, str]) -> str:
-    """What measured times are keyed by (as ``Device.device_class``), or the device id."""
-    return labels.get("device-class") or labels.get("device-model") or device_id
+__all__ = ["CalibrationBook", "split_by_flops", "throughput", "MIN_THROUGHPUT_S"]
 
 
 def split_by_flops(profile: ChainProfile, first: int, last: int, seconds: float) -> dict[int, float]:
@@ -50,31 +51,48 @@ def throughput(profile: ChainProfile, first: int, last: int, seconds: float) -> 
 @dataclass
 class _Entry:
     times: dict[int, float] = field(default_factory=dict)
+    full: tuple[float, ...] = ()
     applied: tuple[float, ...] = ()
+    cls: str = ""
 
 
 class CalibrationBook:
-    """Measured seconds per segment, per (workload, version, device class)."""
+    """Measured seconds per segment, per (workload, version, device); classes built from them."""
 
     def __init__(self, change: float = 0.2) -> None:
         self.change = change  # a full set is handed out again only when a segment moved this much
-        self._book: dict[tuple[str, int, str], _Entry] = {}
+        self._book: dict[tuple[str, int], dict[str, _Entry]] = {}       # (w, v) -> device id ->
+        self._classes: dict[tuple[str, int, str], tuple[float, ...]] = {}  # (w, v, class) -> applied
 
-    def note(self, workload: str, version: int, cls: str, profile: ChainProfile, first: int, last: int,
-             seconds: float) -> tuple[float, ...] | None:
-        """Record a partition's calibration; the full per-segment times when they are new, else None."""
+    def note(self, workload: str, version: int, device_id: str, cls: str, profile: ChainProfile,
+             first: int, last: int, seconds: float) -> dict[str, tuple[float, ...]]:
+        """Record a partition's calibration on ``device_id`` (of class ``cls``, '' for none, as the
+        registry vouches for it); the per-segment times that moved enough to hand out again, keyed
+        as ``ChainProfile.segment_times`` takes them (the device id, ``class:NAME``)."""
         if not seconds > 0 or not 0 <= first <= last < len(profile.segments):
-            return None
-        e = self._book.setdefault((workload, version, cls), _Entry())
+            return {}
+        devices = self._book.setdefault((workload, version), {})
+        e = devices.setdefault(device_id, _Entry())
         e.times.update(split_by_flops(profile, first, last, seconds))
         flops = sum(profile.segments[i].flops for i in e.times)
         per_flop = sum(e.times.values()) / flops if flops > 0 else 0.0
-        full = tuple(e.times.get(i, s.flops * per_flop) for i, s in enumerate(profile.segments))
-        if e.applied and all(abs(a - b) <= self.change * max(b, 1e-9) for a, b in zip(full, e.applied)):
-            return None
-        e.applied = full
-        return full
+        e.full = tuple(e.times.get(i, s.flops * per_flop) for i, s in enumerate(profile.segments))
+        out: dict[str, tuple[float, ...]] = {}
+        if self._moved(e.full, e.applied):
+            e.applied = out[device_id] = e.full
+        for c in sorted({e.cls, cls} - {""}):  # its class now, and the one it left (it no longer counts there)
+            members = [x.full for d, x in devices.items() if (x.cls if d != device_id else cls) == c]
+            times = tuple(median_high(col) for col in zip(*members)) if members else ()
+            if times and self._moved(times, self._classes.get((workload, version, c), ())):
+                self._classes[(workload, version, c)] = out[class_key(c)] = times
+        e.cls = cls
+        return out
+
+    def _moved(self, full: tuple[float, ...], applied: tuple[float, ...]) -> bool:
+        return not applied or any(abs(a - b) > self.change * max(b, 1e-9) for a, b in zip(full, applied))
 
     def forget(self, workload: str) -> None:
-        for k in [k for k in self._book if k[0] == workload]:
-            del self._book[k]
+        for wv in [k for k in self._book if k[0] == workload]:
+            del self._book[wv]
+        for wvc in [k for k in self._classes if k[0] == workload]:
+            del self._classes[wvc]

@@ -307,6 +307,8 @@ def parse_tensors(items: Any, binary: memoryview | bytes = b"", where: str = "in
             if "data" not in t:
                 raise ProtocolError(400, f"{w} has neither 'data' nor parameters.binary_data_size")
             arr = _from_json(t["data"], dtype, shape, w)
+        if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():  # 1e999 parses as inf
+            raise ProtocolError(400, f"{w} holds a non-finite value (inf or NaN): inputs must be finite")
         out[name] = arr
     if offset != len(view):
         raise ProtocolError(400, f"{len(view) - offset} bytes of binary data follow the JSON that no "
@@ -429,10 +431,17 @@ def encode_response(model: str, version: str, req: InferRequest, tensors: Mappin
             row["parameters"] = {"binary_data_size": len(data)}
             blobs.append(data)
         else:
+            if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+                # NaN and Infinity are not JSON: say so rather than answer what no client parses
+                raise ProtocolError(500, f"the model produced a non-finite value (inf or NaN) in output "
+                                         f"{o.name!r}")
             row["data"] = arr.ravel().tolist()
         outputs.append(row)
     doc["outputs"] = outputs
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    try:
+        head = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a non-finite number in the parameters
+        raise ProtocolError(500, "the response holds a non-finite number (not JSON)") from None
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

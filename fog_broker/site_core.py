@@ -31,7 +31,7 @@ from runtime.messages import (
 )
 
 from .autoscale import AutoscaleConfig, Autoscaler, Load, replicas_for_rate
-from .calibration import CalibrationBook, device_class, throughput
+from .calibration import CalibrationBook, throughput
 from .controller import (
     Controller,
     ControllerConfig,
@@ -477,9 +477,7 @@ class SiteCore:
 
     def _calibrate(self, st: DeviceState) -> None:
         """Partition timings a device measured at load -> the workload's measured segment times."""
-        rec = self.registry.get(st.device_id)
-        labels = dict(rec.birth.labels) if rec is not None and rec.birth is not None else {}
-        cls = device_class(st.device_id, labels)
+        cls = self.registry.device_class(st.device_id)  # times go under the id, never a label
         for p in st.partitions:
             entry = self.controller.workloads.get(p.workload)
             a = self.controller.assignments.get((p.workload, p.version, p.replica, p.index))
@@ -488,11 +486,11 @@ class SiteCore:
                 continue
             if self.registry.note_measured(st.device_id, throughput(entry.spec.profile, a.first, a.last, p.calib_s)):
                 self.controller.request_plan()  # its claim is far above what it measured: see capacity_flags
-            times = self.calibration.note(p.workload, p.version, cls, entry.spec.profile, a.first, a.last,
-                                          p.calib_s)
-            if times is None:
+            times = self.calibration.note(p.workload, p.version, st.device_id, cls, entry.spec.profile,
+                                          a.first, a.last, p.calib_s)
+            if not times:
                 continue
-            self.controller.update_costs(p.workload, entry.spec.profile.with_times({cls: times}))
+            self.controller.update_costs(p.workload, entry.spec.profile.with_times(times))
             self.counters["calibrations_applied"] += 1
 
     def _stage_times(self, st: DeviceState) -> None:
@@ -510,8 +508,6 @@ class SiteCore:
     def _check_stages(self, st: DeviceState, now: float, out: list[Command]) -> None:
         """Each running stage's measured p50 against the plan's time: a device whose stage stays
         slow (throttling the board did not report) is set aside and the plan runs again."""
-        rec = self.registry.get(st.device_id)
-        labels = dict(rec.birth.labels) if rec is not None and rec.birth is not None else {}
         samples = []
         for p in st.partitions:
             key = (p.workload, p.version, p.replica, p.index)
@@ -521,7 +517,7 @@ class SiteCore:
                     or a.device != st.device_id):
                 continue
             planned = planned_stage_s(dict(entry.spec.profile.segment_times), st.device_id,
-                                      device_class(st.device_id, labels), a.first, a.last, p.calib_s)
+                                      a.first, a.last, p.calib_s)
             samples.append(StageSample(key, p.served, p.p50_s, planned))
         verdict = self.slow_stages.observe(st.device_id, samples, now)
         if verdict is not None:

@@ -82,12 +82,13 @@ class _Device:
     reason: str = ""
 
 
-def planned_stage_s(segment_times: Mapping[str, Sequence[float]], device_id: str, device_class: str,
+def planned_stage_s(segment_times: Mapping[str, Sequence[float]], device_id: str,
                     first: int, last: int, calib_s: float) -> float:
     """The plan's compute time of segments ``first..last`` on a device: the measured segment times of
-    the device (or its class), else the partition's own calibration; 0.0 when neither is known
-    (FLOPs over a claimed peak are no yardstick for a real board)."""
-    times = segment_times.get(device_id) or segment_times.get(device_class)
+    that device (keyed by its id), else the partition's own calibration; 0.0 when neither is known
+    (FLOPs over a claimed peak are no yardstick for a real board). Never its class's times: a device
+    is judged by its own measurements, so no other device's (true or false) figures set it aside."""
+    times = segment_times.get(device_id)
     if times is not None and 0 <= first <= last < len(times):
         planned = float(sum(times[first:last + 1]))
         if planned > 0.0:

@@ -62,6 +62,9 @@ class BrokerConfig:
     run_as: str = "mosquitto"      # the unprivileged user mosquitto drops to when started as root
 
 
+_PERSIST = "mosquitto.db"  # mosquitto's persistence file in ``persistence_location``
+
+
 def _run_dir(data_dir: Path) -> Path:
     """Where mosquitto reads and writes: ``data_dir``, or (started as root) a directory the
     unprivileged broker user owns under /var/lib/fogline, since it cannot reach a root-only data dir."""
@@ -170,6 +173,7 @@ class MosquittoBroker(BrokerProcess):
         self._owned(self.run_dir)
         if self.run_dir != self.data_dir:
             self._claim_run_dir()
+            self._restore_persistence()
         lines = [
             "per_listener_settings false",
             f"listener {self.port} {self.host}",
@@ -349,6 +353,23 @@ class MosquittoBroker(BrokerProcess):
             self.pid = None
             return
         super().stop()
+        self._remove_run_dir()
+
+    def _remove_run_dir(self) -> None:
+        """A stopped broker leaves no run dir under /var/lib/fogline: it held a copy of the broker's
+        private key. Its persistence (sessions, retained messages) moves to the data dir, and
+        ``write_config`` brings it back on the next start."""
+        if self.run_dir == self.data_dir or not self.run_dir.is_dir():
+            return
+        db = self.run_dir / _PERSIST
+        if db.is_file():
+            atomic_write(self.data_dir / _PERSIST, db.read_bytes(), mode=0o600)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _restore_persistence(self) -> None:
+        saved, db = self.data_dir / _PERSIST, self.run_dir / _PERSIST
+        if self.run_dir != self.data_dir and saved.is_file() and not db.exists():
+            self._put(_PERSIST, saved.read_bytes())
 
     def start(self, timeout: float = 10.0) -> MosquittoBroker:
         exe = find_mosquitto()

@@ -69,16 +69,20 @@ def descendants(root: int | None = None) -> list[int]:
     return found
 
 
-def kill_descendants(root: int | None = None) -> int:
-    """SIGKILL every descendant of ``root``; how many were signalled."""
-    n = 0
-    for pid in descendants(root):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            n += 1
-        except (ProcessLookupError, PermissionError):
-            pass
-    return n
+def kill_descendants(root: int | None = None, deadline_s: float = 10.0) -> int:
+    """SIGKILL every descendant of ``root``, pass after pass until none is left (a tree that keeps
+    forking grows between a pass's read of /proc and its kills: one pass once left 8 behind);
+    how many were signalled. Gives up after ``deadline_s`` (a pid we may not kill)."""
+    signalled: set[int] = set()
+    end = time.monotonic() + deadline_s
+    while (pids := descendants(root)) and time.monotonic() < end:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                signalled.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return len(signalled)
 
 
 def take_descendants_when_parent_dies(interval_s: float = 0.25) -> None:

@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import ChainProfile, Device
+from .model import ChainProfile, Device, measured_times
 
 __all__ = ["DeviceTable", "ChainSolution", "solve_chain", "min_segment_memory", "kept_devices"]
 
@@ -258,9 +258,7 @@ def _segment_seconds(table: DeviceTable, profile: ChainProfile, fl: np.ndarray
     times = dict(profile.segment_times)
     cols = {}
     for z, (did, cls) in enumerate(zip(table.ids, table.classes or ("",) * len(table))):
-        hit = times.get(did)
-        if hit is None and cls:
-            hit = times.get(cls)
+        hit = measured_times(times, did, cls)
         if hit is not None:
             cols[z] = hit
     if not cols:

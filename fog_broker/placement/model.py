@@ -8,7 +8,7 @@ The JSON shapes are those of ``COST_MODEL.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +20,7 @@ __all__ = [
     "SpecError", "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
     "ChainProfile", "Workload", "Quota", "PartitionPlacement", "ReplicaPlacement",
     "WorkloadPlacement", "WorkloadResult", "PlanMetrics", "Plan", "parse_workloads",
-    "NO_SCHEDULE_EFFECTS", "Autoscale",
+    "NO_SCHEDULE_EFFECTS", "Autoscale", "CLASS_KEY", "class_key", "class_label", "measured_times",
 ]
 
 #: Taint effects that forbid placement (``PreferNoSchedule`` only scores, and we do not score it).
@@ -29,6 +29,37 @@ NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 class SpecError(RemoteViolation):
     """A fleet, workload or plan document that does not match the documented format."""
+
+
+#: Segment times measured for a device class are keyed ``class:NAME``. ``:`` is in no identifier
+#: (``runtime.ids``), so a class key never names a device and a device id never names a class: a
+#: device labelled ``device-class=<another device's id>`` reads and writes nobody's times but its own.
+CLASS_KEY = "class:"
+
+
+def class_key(device_class: str) -> str:
+    """The segment-times key of a device class (``class:NAME``); '' for no class."""
+    return CLASS_KEY + device_class if device_class else ""
+
+
+def class_label(labels: Mapping[str, str], known: Container[str] = ()) -> str:
+    """A device's class: its ``device-class`` label, else ``device-model`` (e.g. ``pi4``); '' when
+    it has neither, or when the label is one of the ``known`` device ids (a class never names a
+    device: that label once filed a liar's times under its victim's id)."""
+    cls = labels.get("device-class") or labels.get("device-model") or ""
+    return "" if cls in known else cls
+
+
+def measured_times(table: Mapping[str, Any], device_id: str, device_class: str) -> Any:
+    """The one lookup of measured segment times: the device's own (its id), else its class's
+    (``class:NAME``), else a plain key equal to its class (how operators wrote class times, and
+    still may: the fog refuses a class label that names a known device); None when none."""
+    hit = table.get(device_id)
+    if hit is None and device_class:
+        hit = table.get(CLASS_KEY + device_class)
+        if hit is None:
+            hit = table.get(device_class)
+    return hit
 
 
 # --- field readers: one place that turns wrong types into SpecError -------------------------
@@ -100,7 +131,7 @@ def _strs(v: Any, where: str) -> tuple[str, ...]:
 
 
 def _segment_times(v: Any, n: int | None, where: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
-    """``{device id or class: [seconds per segment]}``, every list as long as the chain."""
+    """``{device id, class or class:NAME: [seconds per segment]}``, every list as long as the chain."""
     out = []
     for key, times in _obj(v, where).items():
         w = f"{where}.{key}"
@@ -231,6 +262,9 @@ class Device:
     #: False while the device's capacity claims are flagged (out of bounds, or far above what
     #: its own calibration measured): it may then hold no workload's first (or only) replica.
     verified: bool = True
+    #: False until the fog has measured the device's compute (a calibration of its own): its
+    #: claim alone leads nothing while a measured device can (the scheduler's ``VerifiedLead``).
+    measured: bool = True
     #: True while the device reports thermal throttling (its state's ``throttled``): it takes no
     #: partition, and what it runs is re-placed (the scheduler's ``NotThrottled``).
     throttled: bool = False
@@ -251,8 +285,7 @@ class Device:
     def device_class(self) -> str:
         """What measured segment times are keyed by besides the id: the ``device-class``
         label, else ``device-model`` (e.g. ``pi4``); '' when the device has neither."""
-        labels = dict(self.labels)
-        return labels.get("device-class") or labels.get("device-model") or ""
+        return class_label(dict(self.labels))
 
     @property
     def power_domain(self) -> str:
@@ -267,7 +300,8 @@ class Device:
                        memory_bytes: float | None = None, uplink_bps: float | None = None,
                        rtt_s: float | None = None, battery_level: float = 1.0,
                        charging: bool = False, alive: bool = True, verified: bool = True,
-                       power_active_w: float | None = None, throttled: bool = False) -> Device:
+                       power_active_w: float | None = None, throttled: bool = False,
+                       measured: bool = True) -> Device:
         """The scheduler's view of a device record (a birth, a profile): the one conversion.
 
         The fog's better knowledge replaces claims: measured ``flops``, free ``memory_bytes``,
@@ -287,7 +321,8 @@ class Device:
             rx_j_per_byte=res.rx_j_per_byte, labels=tuple(sorted(res.labels.items())),
             taints=tuple(Taint(t.key, t.value, t.effect) for t in res.taints) if res.taints else (),
             battery=None if cap is None else Battery(cap, min(max(battery_level, 0.0), 1.0), charging),
-            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled)
+            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled,
+            measured=measured)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "device") -> Device:
@@ -312,6 +347,7 @@ class Device:
             alive=alive,
             providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
             verified=_bool(d.get("verified", True), f"{w}.verified"),
+            measured=_bool(d.get("measured", True), f"{w}.measured"),
             throttled=_bool(d.get("throttled", False), f"{w}.throttled"),
         )
 
@@ -321,6 +357,8 @@ class Device:
             out["providers"] = list(self.providers)
         if not self.verified:
             out["verified"] = False
+        if not self.measured:
+            out["measured"] = False
         if self.throttled:
             out["throttled"] = True
         return out
@@ -428,10 +466,8 @@ class ChainProfile:
         """Measured segment seconds on ``device`` (by id, then by class), or None."""
         if not self.segment_times:
             return None
-        table = dict(self.segment_times)
-        hit = table.get(device.id)
-        if hit is None and device.device_class:
-            hit = table.get(device.device_class)
+        hit: tuple[float, ...] | None = measured_times(dict(self.segment_times), device.id,
+                                                       device.device_class)
         return hit
 
     def cut_bytes(self, i: int) -> float:

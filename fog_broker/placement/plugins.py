@@ -26,7 +26,7 @@ from .model import NO_SCHEDULE_EFFECTS, Device, Fleet, Quota, ReplicaPlacement, 
 __all__ = [
     "Code", "Status", "Filter", "NodeView", "Context", "Tally", "filters", "first_failure",
     "first_failures", "pending_reasons", "Alive", "NodeSelector", "TaintToleration",
-    "ProviderFit", "EnergyFloor", "NotThrottled", "VerifiedLead", "PowerDomainSpread",
+    "ProviderFit", "EnergyFloor", "NotThrottled", "VerifiedLead", "unmeasured_leads", "PowerDomainSpread",
     "MemoryFit", "QuotaCheck", "ObjectiveScore", "SCORE", "GangPermit", "NOT_ALIVE",
     "SELECTOR_MISMATCH", "UNTOLERATED_TAINT", "BATTERY_LOW", "INSUFFICIENT_MEMORY",
     "DOMAIN_TAKEN", "NO_PROVIDER", "UNVERIFIED", "THROTTLED",
@@ -86,6 +86,9 @@ class Context:
     taken: frozenset[str] = frozenset()
     #: The workload's smallest segment: a device with less free memory hosts nothing.
     min_bytes: float = 0.0
+    #: The first replica only on measured devices (the scheduler tries that first, and lets
+    #: unmeasured ones lead only when no measured device can: a fresh site must start somewhere).
+    measured_lead: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,7 @@ class _Columns:
     alive: np.ndarray
     throttled: np.ndarray
     verified: np.ndarray
+    measured: np.ndarray
     #: Has a taint with a no-schedule effect (only those devices need the per-device check).
     tainted: np.ndarray
     on_battery: np.ndarray
@@ -150,21 +154,29 @@ class _Columns:
         if hit is None:
             devs, n = fleet.devices, len(fleet.devices)
             alive, throttled, verified = np.ones(n, bool), np.zeros(n, bool), np.ones(n, bool)
+            measured = np.ones(n, bool)
             tainted, on_battery = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
             charging, level = np.zeros(n, dtype=bool), np.zeros(n)
             # One pass finds the few devices that are not plain (the common one passes all).
             for i in [i for i, d in enumerate(devs) if not d.alive or d.throttled
-                      or not d.verified or d.taints or d.battery is not None]:
+                      or not d.verified or not d.measured or d.taints or d.battery is not None]:
                 d = devs[i]
                 alive[i], throttled[i], verified[i] = d.alive, d.throttled, d.verified
+                measured[i] = d.measured
                 tainted[i] = any(t.effect in NO_SCHEDULE_EFFECTS for t in d.taints)
                 if d.battery is not None:
                     on_battery[i], charging[i], level[i] = True, d.battery.charging, d.battery.level
-            hit = _Columns(alive, throttled, verified, tainted, on_battery, charging, level)
-            for c in (alive, throttled, verified, tainted, on_battery, charging, level):
+            hit = _Columns(alive, throttled, verified, measured, tainted, on_battery, charging, level)
+            for c in (alive, throttled, verified, measured, tainted, on_battery, charging, level):
                 c.setflags(write=False)
             fleet.cache["filter-columns"] = hit
         return hit
+
+
+def unmeasured_leads(fleet: Fleet) -> bool:
+    """True when some device could lead only once unmeasured ones may (verified, not measured)."""
+    cols = _Columns.of(fleet)
+    return bool((cols.verified & ~cols.measured).any())
 
 
 def _each(fleet: Fleet, ok: Callable[[Device], bool]) -> np.ndarray:
@@ -343,31 +355,37 @@ class NotThrottled:
 
 @dataclass(frozen=True, slots=True)
 class VerifiedLead:
-    """A device whose capacity claim is flagged holds no first (or only) replica of anything.
+    """A device whose capacity claim is flagged holds no first (or only) replica of anything,
+    nor does one the fog has not measured yet (``measured_lead``).
 
     Its claim decides nothing a workload cannot survive losing: it may serve replica 1 and
     later, never the one every request goes to first.
     """
 
     replica: int = 0
+    measured_lead: bool = True
     name: str = "VerifiedLead"
     gate: str = "verified"
     phrase: str = UNVERIFIED
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
-        return OK if self.replica > 0 or node.device.verified else _fail(self)
+        d = node.device
+        if self.replica > 0 or (d.verified and (d.measured or not self.measured_lead)):
+            return OK
+        return _fail(self)
 
     def batch(self, workload: Workload, fleet: Fleet, free: np.ndarray) -> np.ndarray:
         if self.replica > 0:
             return np.ones(len(fleet.devices), dtype=bool)
-        return _Columns.of(fleet).verified
+        cols = _Columns.of(fleet)
+        return cols.verified & cols.measured if self.measured_lead else cols.verified
 
     def key(self, workload: Workload) -> Hashable | None:
-        return self.replica > 0
+        return (self.replica > 0, self.measured_lead)
 
     def reason(self, workload: Workload, tally: Tally) -> str | None:
         n = tally.counts.get(self.phrase, 0)
-        return (f"{n} devices have flagged capacity claims and hold no first "
+        return (f"{n} devices have flagged (or not yet measured) capacity claims and hold no first "
                 f"replica") if n else None
 
 
@@ -450,7 +468,7 @@ def filters(ctx: Context) -> tuple[Filter, ...]:
 
     Plugins hold no state beyond their settings, so one tuple serves every equal context."""
     return (Alive(), NodeSelector(), TaintToleration(), ProviderFit(),
-            EnergyFloor(ctx.battery_floor), NotThrottled(), VerifiedLead(ctx.replica),
+            EnergyFloor(ctx.battery_floor), NotThrottled(), VerifiedLead(ctx.replica, ctx.measured_lead),
             PowerDomainSpread(ctx.taken), MemoryFit(ctx.min_bytes))
 
 

@@ -44,6 +44,7 @@ from .plugins import (
     filters,
     first_failures,
     pending_reasons,
+    unmeasured_leads,
 )
 
 __all__ = ["SchedulerConfig", "schedule"]
@@ -214,12 +215,16 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
     taken: set[str] = set()
     replicas: list[ReplicaPlacement] = []
     usage: list[tuple[int, float]] = []
+    limit = st.cfg.bnb_node_limit
     for r in range(w.replicas):
-        fs = filters(Context(st.cfg.battery_floor, r, frozenset(taken), min_seg))
-        eligible = st.eligible(w, fs, scratch)
-        limit = st.cfg.bnb_node_limit
-        sol = SCORE.batch(w, st.table, src, snk, free=scratch, eligible=eligible,
-                          node_limit=limit)
+        # the first replica on measured devices; on unmeasured ones only when no measured one can
+        for measured_lead in (True, False) if r == 0 and unmeasured_leads(fleet) else (True,):
+            fs = filters(Context(st.cfg.battery_floor, r, frozenset(taken), min_seg, measured_lead))
+            eligible = st.eligible(w, fs, scratch)
+            sol = SCORE.batch(w, st.table, src, snk, free=scratch, eligible=eligible,
+                              node_limit=limit)
+            if sol is not None:
+                break
         if sol is None:
             gang.unreserve()
             if w.max_latency_s is not None:  # is the bound what no chain meets?
@@ -284,7 +289,8 @@ def _current_valid(w: Workload, pl: WorkloadPlacement, st: _State) -> _Placed | 
     ok: dict[bool, np.ndarray] = {}  # the snapshot's verdicts, for the first replica and the rest
     for r, rep in enumerate(pl.replicas):
         if (r > 0) not in ok:
-            ok[r > 0] = st.static(w, filters(Context(st.cfg.battery_floor, r)))
+            # what runs on a device not measured yet stays (it is measured as it loads)
+            ok[r > 0] = st.static(w, filters(Context(st.cfg.battery_floor, r, measured_lead=False)))
         mask = ok[r > 0]
         nxt = 0
         seen: set[str] = set()

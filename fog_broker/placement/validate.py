@@ -26,14 +26,17 @@ def _transfer(b: float, a: Device, z: Device) -> tuple[float, float]:
 
 def _measured(times: Sequence[tuple[str, Sequence[float]]], d: Device
               ) -> Sequence[float] | None:
-    """COST_MODEL.md: measured seconds for this device (its id first, then its class)."""
+    """COST_MODEL.md: measured seconds for this device (its id first, then ``class:NAME``, then NAME)."""
     labels = dict(d.labels)
     cls = labels.get("device-class") or labels.get("device-model")
     by_id = [t for k, t in times if k == d.id]
     if by_id:
         return by_id[0]
-    by_cls = [t for k, t in times if cls and k == cls]
-    return by_cls[0] if by_cls else None
+    for key in ((f"class:{cls}", cls) if cls else ()):  # the fog's class times, then a plain key
+        by_cls = [t for k, t in times if k == key]
+        if by_cls:
+            return by_cls[0]
+    return None
 
 
 def validate_plan(plan: Plan, fleet: Fleet, workloads: Sequence[Workload],

@@ -12,12 +12,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.devices import RESOURCE_RANGES
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, DeviceSummary, PartitionStatus
 
-from ..placement.model import Device, Fleet
+from ..placement.model import Device, Fleet, class_label
 from ..trust import death_applies
 
 __all__ = [
@@ -224,6 +224,11 @@ def measured_power(st: DeviceState) -> float | None:
     return best
 
 
+#: A state's ``uplink_bps`` beyond this (the birth clamp's cap) is taken at it: the wire range
+#: admits 1e13, which once made one device every chain's favourite hop.
+_MAX_UPLINK = float(RESOURCE_RANGES["uplink_bps"].plausible or 1e11)
+
+
 def _throttled(rec: DeviceRecord) -> bool:
     st = rec.state
     return st is not None and st.epoch == rec.epoch and bool(st.throttled)
@@ -233,11 +238,15 @@ def _reporting(rec: DeviceRecord) -> bool:
     return rec.alive and rec.state is not None and rec.state.epoch == rec.epoch
 
 
-def _inputs(rec: DeviceRecord, reserved: float) -> tuple[object, ...]:
+def _raw_class(rec: DeviceRecord) -> str:
+    return class_label(rec.birth.labels) if rec.birth is not None else ""
+
+
+def _inputs(rec: DeviceRecord, reserved: float, class_refused: bool = False) -> tuple[object, ...]:
     """Everything ``_device`` reads of a record: equal inputs give an equal ``Device``."""
     b = rec.birth
     st = rec.state if rec.state is not None and rec.state.epoch == rec.epoch else None
-    trust = (rec.measured_flops, not capacity_flags(rec), rec.measured_power_w)
+    trust = (rec.measured_flops, not capacity_flags(rec), rec.measured_power_w, class_refused)
     if st is None:
         return (b, rec.alive, None, trust)
     return (b, rec.alive, (st.free_memory_bytes, st.battery_level, st.charging, st.uplink_bps, st.rtt_s,
@@ -250,6 +259,7 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
     measured: float | None = trust[0]  # type: ignore[index]
     verified: bool = trust[1]  # type: ignore[index]
     power: float | None = trust[2]  # type: ignore[index]
+    class_refused: bool = trust[3]  # type: ignore[index]
     mem = float(b.memory_bytes)
     level, charging, throttled = 1.0, False, False
     uplink, rtt = b.uplink_bps, b.rtt_s
@@ -258,17 +268,21 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
         free, st_level, st_charging, st_uplink, st_rtt, reserved, throttled = figures
         mem = min(mem, float(free) + reserved)
         level, charging = (st_level if st_level is not None else 1.0), bool(st_charging)
-        if st_uplink:
-            uplink = st_uplink
+        if st_uplink:  # the agent's estimate of its link, no further than any real link goes
+            uplink = min(st_uplink, _MAX_UPLINK)
         if st_rtt is not None:
             rtt = st_rtt
     # Measured, not assumed: once the device's calibration exists it replaces the claim. No silent
     # repair of a bad figure (one once became 1 bit/s): the wire check keeps figures in range,
     # and a record that is not anyway is left out by ``fleet`` with its reason.
-    return Device.from_resources(
+    dev = Device.from_resources(
         did, b, flops=measured, memory_bytes=max(mem, 0.0), uplink_bps=uplink, rtt_s=rtt,
         battery_level=level, charging=charging, alive=bool(alive), verified=bool(verified),
-        power_active_w=power, throttled=bool(throttled))
+        power_active_w=power, throttled=bool(throttled), measured=measured is not None)
+    if class_refused:  # its class label names a known device: it is of no class (``class_label``)
+        dev = replace(dev, labels=tuple((k, v) for k, v in dev.labels
+                                        if k not in ("device-class", "device-model")))
+    return dev
 
 
 class Registry:
@@ -295,6 +309,8 @@ class Registry:
         self._fleet: Fleet | None = None
         self._last_reserved: dict[str, float] = {}
         self._reported: dict[str, tuple[PartitionStatus, ...]] | None = None
+        self._labelled: dict[str, set[str]] = {}  # class label -> devices built with it
+        self._label_of: dict[str, str] = {}       # device -> the class label it was built with
 
     # ------------------------------------------------------------ events
 
@@ -451,6 +467,7 @@ class Registry:
     def invalidate(self) -> None:
         """Drop the cached views (after editing records other than through this class)."""
         self._built.clear()
+        self._labelled, self._label_of = {}, {}
         self._order, self._row, self._list = [], {}, []
         self._fleet = None
         self._last_reserved = {}
@@ -532,16 +549,23 @@ class Registry:
         built = self._built
         changed = members = False
         changed_ids: list[str] = []
+        for did in list(check):  # a device that came or went may be some device's class label
+            check.update(self._labelled.get(did, ()))
         for did in check:
             rec = self.devices.get(did)
             old = built.get(did)
+            self._unlabel(did)
             if rec is None or rec.birth is None:
                 if old is not None:
                     del built[did]
                     changed = members = True
                 continue
             try:
-                key = _inputs(rec, float(reserved.get(did, 0.0)))
+                raw = _raw_class(rec)
+                if raw:
+                    self._labelled.setdefault(raw, set()).add(did)
+                    self._label_of[did] = raw
+                key = _inputs(rec, float(reserved.get(did, 0.0)), bool(raw) and raw in self.devices)
                 if old is not None and old[0] == key:
                     continue
                 dev = _device(did, key)
@@ -570,6 +594,20 @@ class Registry:
         if changed or self._fleet is None:
             self._fleet = Fleet(tuple(self._list))
         return self._fleet
+
+    def _unlabel(self, did: str) -> None:
+        raw = self._label_of.pop(did, "")
+        ids = self._labelled.get(raw)
+        if ids is not None:
+            ids.discard(did)
+            if not ids:
+                del self._labelled[raw]
+
+    def device_class(self, device_id: str) -> str:
+        """The class the fog files ``device_id``'s measured times under besides its id: its
+        birth's class label, '' for none or for a label that names a known device."""
+        rec = self.devices.get(device_id)
+        return class_label(rec.birth.labels, self.devices) if rec is not None and rec.birth is not None else ""
 
     def summaries(self) -> tuple[DeviceSummary, ...]:
         """Per-device summary for the coordinator's energy-aware client selection."""

@@ -47,6 +47,8 @@ def test_save_then_load_latest(tmp_path: Path) -> None:
     got, report = store.load_latest("h1")
     assert got is not None and not report.skipped
     _same(_ckpt(3), got)
+    files = list((tmp_path / "a").iterdir()) + list((tmp_path / "b").iterdir())
+    assert files and all(f.stat().st_mode & 0o077 == 0 for f in files)  # the weights: the owner's only
 
 
 def test_keeps_last_k_and_no_temp_files(tmp_path: Path) -> None:

@@ -113,6 +113,12 @@ def test_json_response_all_outputs_in_model_order_and_id_only_when_given() -> No
     (_req([_x()], parameters={"binary_data_output": "yes"}), None, 400, "must be a boolean"),
     (_req([_x()], parameters={"nested": {"a": 1}}), None, 400, "string, number or boolean"),
     (_req([_x()], outputs=[{"name": "y", "parameters": {"classification": 3}}]), None, 400, "classification"),
+    (_req([_x()]).replace(b"3, 4]", b"3, 1e999]", 1), None, 400, "non-finite"),  # 1e999 parses as inf
+    (_req([_x([1, 2, 3, float("nan")])]), None, 400, "non-finite"),      # the NaN literal Python allows
+    (_req([_x([1, 2, 3, 1e39])]), None, 400, "non-finite"),               # finite, but inf as FP32
+    (_req([{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}])
+     + np.array([np.inf], "<f4").tobytes(), len(_req([{"name": "x", "shape": [1], "datatype": "FP32",
+                                                      "parameters": {"binary_data_size": 4}}])), 400, "non-finite"),
 ])
 def test_malformed_requests_are_protocol_errors(body: bytes, header_length: int | None, status: int,
                                                 words: str) -> None:
@@ -204,3 +210,16 @@ def test_json_bytes_counts_only_outputs_written_as_json(outputs: tuple[oip.Outpu
     req = oip.InferRequest(None, {}, outputs, binary_output)
     tensors = {"a": np.zeros(10, np.float32), "b": np.zeros(2, np.float32)}
     assert oip.json_bytes(req, tensors) == want
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_non_finite_output_is_an_error_not_invalid_json(binary: bool) -> None:
+    out = oip.InferRequest(None, {}, (OutputRequest("t", binary),))
+    arr = np.array([1.0, np.nan, np.inf], dtype=np.float32)
+    if binary:  # raw bytes carry NaN as IEEE does: valid as sent
+        body, hl = oip.encode_response("m", "1", out, {"t": arr})
+        assert hl is not None and json.loads(body[:hl])["outputs"][0]["parameters"]["binary_data_size"] == 12
+        return
+    with pytest.raises(ProtocolError) as e:
+        oip.encode_response("m", "1", out, {"t": arr})
+    assert e.value.status == 500 and "non-finite" in e.value.message and "\n" not in e.value.message

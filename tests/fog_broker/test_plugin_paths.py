@@ -73,7 +73,7 @@ def devices(draw: st.DrawFn, i: int) -> Device:
         taints=tuple(draw(st.lists(st.sampled_from(TAINTS), unique=True, max_size=2))),
         battery=draw(batteries), alive=draw(MOSTLY), providers=tuple(draw(st.lists(
             st.sampled_from([CPU, CUDA]), unique=True))),
-        verified=draw(MOSTLY), throttled=not draw(MOSTLY))
+        verified=draw(MOSTLY), throttled=not draw(MOSTLY), measured=draw(MOSTLY))
 
 
 @st.composite
@@ -116,7 +116,8 @@ def cases(draw: st.DrawFn) -> tuple[Fleet, Workload, Context, np.ndarray]:
     domains = sorted({d.power_domain for d in fleet.devices})
     ctx = Context(draw(st.sampled_from([0.0, 0.2, 1.0])), draw(st.integers(0, 2)),
                   frozenset(draw(st.lists(st.sampled_from(domains), unique=True))),
-                  min(s.param_bytes + s.activation_bytes for s in w.profile.segments))
+                  min(s.param_bytes + s.activation_bytes for s in w.profile.segments),
+                  draw(st.booleans()))
     return fleet, w, ctx, free
 
 

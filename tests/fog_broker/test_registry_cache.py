@@ -47,7 +47,7 @@ def reference_fleet(reg: Registry, reserved: Mapping[str, float] | None = None) 
             tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
             labels=tuple(sorted(b.labels.items())),
             taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
-            battery=battery, alive=rec.alive,
+            battery=battery, alive=rec.alive, measured=rec.measured_flops is not None,
         ))
     return Fleet(tuple(devices))
 

@@ -96,11 +96,11 @@ def test_backoff_doubles_the_hold_and_health_forgives_it() -> None:
     assert again.until - (now + 12) == 10.0  # strikes forgiven: the first hold again
 
 
-def test_planned_time_prefers_measured_segment_times_then_calibration() -> None:
-    times = {"pi4": (0.01, 0.02, 0.03)}
-    assert planned_stage_s(times, "dev-1", "pi4", 1, 2, 0.5) == pytest.approx(0.05)
-    assert planned_stage_s(times, "dev-1", "orin", 1, 2, 0.5) == 0.5
-    assert planned_stage_s({}, "dev-1", "", 0, 0, 0.0) == 0.0
+def test_planned_time_is_the_devices_own_measured_times_then_its_calibration() -> None:
+    times = {"dev-1": (0.01, 0.02, 0.03), "class:pi4": (1e-6,) * 3, "pi4": (1e-6,) * 3}
+    assert planned_stage_s(times, "dev-1", 1, 2, 0.5) == pytest.approx(0.05)
+    assert planned_stage_s(times, "dev-2", 1, 2, 0.5) == 0.5  # never its class's (or anyone's) times
+    assert planned_stage_s({}, "dev-1", 0, 0, 0.0) == 0.0
 
 
 @pytest.mark.parametrize("kw", [dict(factor=1.2, recover=1.25), dict(recover=0.9), dict(sustain=0),

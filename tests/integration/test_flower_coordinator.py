@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 
 from cloud_coordinator.app import bundled_app
 from cloud_coordinator.release import read_release
+from cloud_coordinator.settings import key_path
 from cloud_coordinator.store import CheckpointStore
 from runtime.messages import ModelRelease
 from runtime.security import ArtifactSignature, Identity, verify_artifact
@@ -72,12 +73,11 @@ def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
         assert [h["round"] for h in rep["history"]] == [1, 2, 3]
         assert all(h["clients"] == [f"dev-{i}" for i in range(N)] for h in rep["history"])
         assert rep["history"][-1]["server"]["accuracy"] > 0.8
-        ck, _ = CheckpointStore([dep.ck, tmp_path / "replica"],
-                                trusted_key=Identity.load("coordinator", dep.ck / "coordinator.key").public_key_bytes
-                                ).load_latest()
+        trusted = Identity.load("coordinator", key_path(dep.ck, "coordinator.key")).public_key_bytes
+        ck, _ = CheckpointStore([dep.ck, tmp_path / "replica"], trusted_key=trusted).load_latest()
         assert ck is not None and ck.server_round == 3
         rel = read_release(Path(rep["releases"][-1]["path"]))
-        _verify(rel, Identity.load("coordinator", dep.ck / "coordinator.key").public_key_bytes)
+        _verify(rel, Identity.load("coordinator", key_path(dep.ck, "coordinator.key")).public_key_bytes)
         from models.digits import load_digits_split
         from models.train import SoftmaxRegression
 

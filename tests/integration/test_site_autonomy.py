@@ -137,7 +137,7 @@ class Load:
 def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site: Site, tmp_path: Path) -> None:
     from cloud_coordinator.release import build_release, read_release, write_release
     from cloud_coordinator.rollout import RolloutPolicy
-    from cloud_coordinator.settings import RELEASES_DIR
+    from cloud_coordinator.settings import RELEASES_DIR, key_path
     from cloud_coordinator.sites import SiteSpec, resolve, save_table, summaries_dir_of
     from cloud_coordinator.siteservice import SiteService
     from cloud_coordinator.summaries import SiteKey, latest_summary
@@ -176,7 +176,7 @@ def test_site_serves_places_and_repairs_while_cut_off_and_news_drains_after(site
                         # okm v1 is a first release nothing serves yet: the canary cannot check it
                         policy=RolloutPolicy.from_mapping({**SHORT_TIMEOUTS, "allow_unchecked_canary": True}))
         save_table(ck, table)
-        signer = Identity.load_or_create("coordinator", ck / "coordinator.key")
+        signer = Identity.load_or_create("coordinator", key_path(ck, "coordinator.key"))
         service = SiteService(ck, table, signer, poll_s=1.0, fast_poll_s=0.5).start()
         fogk = load_credentials(cloud).fog
         key = SiteKey(str(summaries_dir_of(ck, "a")), fogk.fog_id, fogk.public_key.hex(), fogk.site)

@@ -142,3 +142,47 @@ def test_stop_all_terminates_together_and_kills_what_ignores_it() -> None:
     children.stop_all([polite, None, stubborn], timeout_s=0.5)
     assert polite.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
     assert time.monotonic() - t0 < 10, "one shared deadline, not one per child"
+
+
+#: A command that leaves behind a process forking a sleeper every 2 ms (400 at most): the tree
+#: keeps growing while the guard kills it.
+FORKER = ("import os, subprocess, sys, time\n"
+          "if sys.argv[1] == 'fork':\n"
+          "    for _ in range(400):\n"
+          "        if os.fork() == 0:\n"
+          "            time.sleep(60)\n"
+          "            os._exit(0)\n"
+          "        time.sleep(0.002)\n"
+          "    time.sleep(60)\n"
+          "else:\n"
+          "    subprocess.Popen([sys.executable, '-c', sys.argv[2], 'fork', sys.argv[3]])\n"
+          "    time.sleep(0.3)\n")
+
+
+def _marked(marker: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes() \
+                    and Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux only")
+def test_the_guard_kills_a_tree_that_keeps_forking_until_none_is_left() -> None:
+    marker = f"fogline-forker-{os.getpid()}-{time.monotonic_ns()}"
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(children.guarded([sys.executable, "-c", FORKER, "start", FORKER, marker]),
+                              cwd=root, capture_output=True, timeout=20)
+        assert done.returncode == 0, done.stderr
+        assert _marked(marker) == [], "processes of the tree outlived the guard"
+    finally:
+        for pid in _marked(marker):  # only processes this test started (its marker)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

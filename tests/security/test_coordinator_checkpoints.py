@@ -20,6 +20,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from cloud_coordinator.policy import CheckpointPolicy
+from cloud_coordinator.settings import key_path
 from cloud_coordinator.store import Checkpoint, CheckpointStore
 from cloud_coordinator.strategy import CHECKPOINT_KEY, RobustStrategy
 from runtime.errors import LocalViolation
@@ -56,7 +57,8 @@ def _forge(d: Path, rnd: int, like: Path, key: Identity | None) -> None:
 def test_forged_round_in_one_replica_never_wins_the_resume(tmp_path: Path, signer: str) -> None:
     dirs = [tmp_path / "a", tmp_path / "b"]
     _run(dirs, 2)
-    real_key = Identity.load("coordinator", dirs[0] / CHECKPOINT_KEY)
+    assert not (dirs[0] / CHECKPOINT_KEY).exists()  # the key is not in the directory it protects
+    real_key = Identity.load("coordinator", key_path(dirs[0], CHECKPOINT_KEY))
     key = {"unsigned": None, "attacker-key": Identity.generate("coordinator"),
            "coordinator-key-one-replica": real_key}[signer]
     _forge(dirs[1], 9, dirs[1] / "ckpt-00000002.json", key)  # "round 9" in replica b only
@@ -99,3 +101,13 @@ def test_failed_write_leaves_no_temp_file_and_no_half_checkpoint(tmp_path: Path)
         assert names == ["ckpt-00000001.bin", "ckpt-00000001.json"], names  # no temp file, no round 2
     got, _ = CheckpointStore([tmp_path / "a", tmp_path / "b"]).load_latest()
     assert got is not None and got.server_round == 1
+
+
+def test_a_key_left_inside_the_checkpoint_dir_moves_out_and_still_verifies(tmp_path: Path) -> None:
+    d = tmp_path / "ck"
+    old = Identity.generate("coordinator")
+    old.save(d / CHECKPOINT_KEY)  # where an older version kept it
+    path = key_path(d, CHECKPOINT_KEY)
+    assert path.parent == tmp_path / "ck.keys" and path.parent.stat().st_mode & 0o777 == 0o700
+    assert not (d / CHECKPOINT_KEY).exists()
+    assert Identity.load("coordinator", path).public_key_bytes == old.public_key_bytes
