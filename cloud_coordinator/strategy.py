@@ -863,8 +863,11 @@ class RobustStrategy(Strategy):
                     self._status.update(replies=usable, retries=len(retried))
                     return new, metrics
                 if usable < q:
-                    starved += 1
-                    why = f"{starved_line(usable, len(att.sent), att.deadline_s)} (quorum {q})"
+                    # a longer deadline helps only when someone did not answer in time
+                    starved += 1 if att.answered < len(att.sent) else 0
+                    bad = att.answered - usable
+                    why = (f"{starved_line(usable, len(att.sent), att.deadline_s)} (quorum {q}"
+                           f"{f', {bad} unusable' if bad else ''})")
                 else:
                     why = att.failure
             failures.append(why)

@@ -228,3 +228,13 @@ def test_an_unchanged_model_is_not_a_new_release(tmp_path: Path) -> None:
     rels = json.loads((tmp_path / "report.json").read_text())["releases"]
     assert rels == [{"round": 4, "unchanged": True, "version": 1, "sha256": rels[0]["sha256"]}]
     assert len(list((tmp_path / "releases").glob("m-v*.release"))) == 1
+
+
+def test_replies_in_time_but_unusable_are_not_a_reason_to_wait_longer(tmp_path: Path) -> None:
+    g, clock = _slow_grid(lambda rnd, attempt: 10.0, n=2)
+    g.add(lambda m: Error(code=0, reason="boom"))  # answers at once, but nothing to aggregate
+    with pytest.raises(RunFailed, match=r"last: 2/3 replies within 45 s \(quorum 3, 1 unusable\)"):
+        _strategy(clock, tmp_path).start(grid=g, initial_arrays=_init(), num_rounds=1)
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    # 3 x the replies measured (seen at the 15 s pull); no doubling (90 s): nobody was late
+    assert progress["deadline_s"] == 45.0 and progress["retries"] == 2
