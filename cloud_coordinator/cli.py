@@ -313,8 +313,9 @@ def coordinator(args: argparse.Namespace) -> int:
         except (FoglineError, ValueError) as exc:
             return _fatal(work, f"run config: {exc}")
         effective = {**dict(spec.config), **overrides}
-        if "selection" not in spec.config:  # the coordinator's key (settings), not one the app knows
-            overrides.pop("selection", None)
+        for key in ("selection", "min-replies", "max-attempts", "max-round-timeout"):
+            if key not in spec.config:  # the coordinator's keys (settings), not ones the app knows
+                overrides.pop(key, None)
         round_s = float(args.round_timeout or effective.get("round-timeout") or 60.0)
         grace_s = float(args.grace if args.grace is not None else effective.get("grace", 5.0))
         rounds_cfg = _round_options(args, effective)

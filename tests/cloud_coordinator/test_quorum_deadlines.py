@@ -238,3 +238,24 @@ def test_replies_in_time_but_unusable_are_not_a_reason_to_wait_longer(tmp_path: 
     progress = json.loads((tmp_path / "progress.json").read_text())
     # 3 x the replies measured (seen at the 15 s pull); no doubling (90 s): nobody was late
     assert progress["deadline_s"] == 45.0 and progress["retries"] == 2
+
+
+def test_quorum_retries_and_deadline_bound_come_from_the_flag_else_the_run_config() -> None:
+    import argparse
+
+    from cloud_coordinator.cli import _check_run_config, _round_options
+
+    def ns(**kw: Any) -> argparse.Namespace:
+        base = {"min_replies": None, "max_attempts": None, "max_round_timeout": None, "rule": None, "f": None,
+                "selection": None, "battery_floor": 0.3}
+        return argparse.Namespace(**{**base, **kw})
+
+    cfg = {"min-replies": 4, "max-attempts": 5, "max-round-timeout": 200}
+    assert _round_options(ns(), cfg) == {"min_replies": 4, "max_attempts": 5, "max_round_timeout": 200.0}
+    assert _round_options(ns(min_replies=6), cfg)["min_replies"] == 6
+    assert _round_options(ns(), {}) == {"min_replies": None, "max_attempts": None, "max_round_timeout": None}
+    for bad, why in (({"min-replies": 0}, "min-replies must be an integer >= 1"),
+                     ({"max-attempts": 1.5}, "max-attempts must be an integer >= 1"),
+                     ({"max-round-timeout": -1}, "max-round-timeout must be > 0")):
+        with pytest.raises(ValueError, match=why):
+            _check_run_config(bad, ns())
