@@ -245,6 +245,7 @@ class RobustStrategy(Strategy):
         self._dst_of: dict[str, int] = {}  # message id pushed -> the node it went to (blame the right node)
         self._devices: dict[int, str] = {}
         self._eval_t0: float | None = None
+        self._measured: list[float] = []  # the last collect's reply times
         self._clock = clock  # reply deadlines and reply times (monotonic seconds; a test's virtual clock)
 
     # ------------------------------------------------------------------ configuration
@@ -563,8 +564,10 @@ class RobustStrategy(Strategy):
         """Push, then poll until everyone answered, or a quorum plus grace, or the deadline.
 
         ``t0`` (monotonic): when the Messages were made; the deadline counts from there, as their
-        TTL does. ``measure``: keep each usable reply's time for the next deadlines.
+        TTL does. ``measure``: keep each usable reply's time for the next deadlines (``_measured``).
         """
+        measured: list[float] = []
+        self._measured = measured
         if not messages:
             return []
         t0 = self._clock() if t0 is None else t0
@@ -584,9 +587,7 @@ class RobustStrategy(Strategy):
                 got.append(msg)
                 if not msg.has_error():
                     ok += 1
-                    if measure:
-                        self._reply_s.append(now - t0)
-            del self._reply_s[:-REPLY_SAMPLES]
+                    measured.append(now - t0)
             if quorum_at is None and ok >= need:
                 quorum_at = now
             verdict = wait_decision(sent, sent - len(pending), ok, need, now - t0,
@@ -594,6 +595,8 @@ class RobustStrategy(Strategy):
             if verdict is not Wait.WAIT:
                 break
             time.sleep(POLL_S)
+        if measure:
+            self._reply_s = (self._reply_s + measured)[-REPLY_SAMPLES:]
         return got
 
     def _wait_nodes(self, grid: Grid, need: int, timeout: float) -> int:
@@ -844,7 +847,6 @@ class RobustStrategy(Strategy):
                 too_few += 1
                 why = att.failure
             else:
-                n_before = len(self._reply_s)
                 replies = self._collect(grid, msgs, q, att.deadline_s, att.t0, measure=True)
                 new, metrics = self.aggregate_train(rnd, replies)
                 got = metrics.get("usable", 0) if metrics is not None else 0
@@ -854,7 +856,7 @@ class RobustStrategy(Strategy):
                               "refused_nodes": {str(k): v for k, v in att.refused.items()},
                               "no_reply": sorted(set(att.sent.values()) - set(att.accepted) - set(att.rejected)),
                               "replies": usable, "quorum": q, "deadline_s": round(att.deadline_s, 1),
-                              "reply_s": [round(x, 3) for x in self._reply_s[n_before:]]})
+                              "reply_s": [round(x, 3) for x in self._measured]})
                 if att.sites:
                     entry["sites"] = dict(att.sites)
                 if new is not None:

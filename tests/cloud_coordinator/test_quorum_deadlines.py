@@ -171,6 +171,7 @@ def test_late_replies_within_the_adapted_deadline_are_never_expired_by_the_ttl(t
     assert g.expired == 0
     assert [len(h["accepted"]) for h in hist] == [5, 5, 5] and [h["replies"] for h in hist] == [5, 5, 5]
     assert hist[0]["retried"] == ["0/5 replies within 30 s (quorum 3)"]  # the first deadline knew nothing yet
+    assert [h["reply_s"] for h in hist] == [[45.0] * 5, [90.0] * 5, [150.0] * 5]  # what the deadlines came from
     # 2 x 30, then p95 x 3 of the reply times seen (pulls every 15 s: the 40 s replies were seen at 45 s)
     assert [h["deadline_s"] for h in hist] == [60.0, 135.0, 270.0]
     assert all("retried" not in h for h in hist[1:])
