@@ -338,7 +338,16 @@ def status_cmd(args: argparse.Namespace) -> int:
     try:
         doc = status_doc(work, args.names)
     except FoglineError as exc:
-        return _error(str(exc))
+        rounds = round_status(work)
+        if rounds is None or args.names:
+            return _error(str(exc))
+        # a coordinator without sites still trains: its rounds are worth showing
+        if args.json:
+            print(json.dumps({"checkpoint_dir": str(work), "sites": None, "rounds": rounds}, indent=1, default=str))
+        else:
+            print(f"{work}: {exc}")
+            print(round_line(rounds))
+        return 0
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
         return 0

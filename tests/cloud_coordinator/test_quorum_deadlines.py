@@ -179,7 +179,8 @@ def test_late_replies_within_the_adapted_deadline_are_never_expired_by_the_ttl(t
     assert [r["version"] for r in report["releases"]] == [1, 2, 3]
 
 
-def test_a_starved_round_is_retried_with_its_reason_then_stops_loudly_without_a_release(tmp_path: Path) -> None:
+def test_a_starved_round_is_retried_with_its_reason_then_stops_loudly_without_a_release(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     g, clock = _slow_grid(lambda rnd, attempt: None)  # the SuperNodes are paused: nobody answers
     with pytest.raises(RunFailed) as info:
         _strategy(clock, tmp_path).start(grid=g, initial_arrays=_init(), num_rounds=3)
@@ -200,6 +201,13 @@ def test_a_starved_round_is_retried_with_its_reason_then_stops_loudly_without_a_
              ("fogline_coordinator_round_quorum", "fogline_coordinator_round_deadline_seconds")}
     assert value == {"fogline_coordinator_round_quorum": 3, "fogline_coordinator_round_deadline_seconds": 120.0}
     assert fams["fogline_coordinator_round_retries"].samples[0].value == 2
+    import argparse
+
+    from cloud_coordinator.sites_cli import status_cmd
+
+    capsys.readouterr()
+    assert status_cmd(argparse.Namespace(checkpoint_dir=tmp_path, names=[], json=False)) == 0  # no sites: rounds
+    assert "rounds: round 1 attempt 3, quorum 3, deadline 120 s, retries 2" in capsys.readouterr().out
 
 
 def test_an_unchanged_model_is_not_a_new_release(tmp_path: Path) -> None:
