@@ -3,6 +3,7 @@ time, and an unchanged model is not a new release. Strategy-level on an in-proce
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +269,19 @@ def test_quorum_retries_and_deadline_bound_come_from_the_flag_else_the_run_confi
                      ({"max-round-timeout": -1}, "max-round-timeout must be > 0")):
         with pytest.raises(ValueError, match=why):
             _check_run_config(bad, ns())
+
+
+def test_the_watchdog_grows_with_the_serverapps_adapted_deadline(tmp_path: Path) -> None:
+    from cloud_coordinator.app import bundled_app
+    from cloud_coordinator.launcher import Supervisor, SupervisorOptions
+    from cloud_coordinator.supervision import watchdog_bound
+
+    sup = Supervisor(SupervisorOptions(tmp_path, bundled_app("wine"), tmp_path / "settings.json",
+                                       watchdog_s=watchdog_bound(60.0, 5.0)))
+    (tmp_path / "progress.json").write_text(json.dumps({"round": 3, "deadline_s": 60.0, "grace_s": 5.0}))
+    sup._note_progress()
+    assert sup._watchdog_s == watchdog_bound(60.0, 5.0)  # 245 s: three 60 s waits, grace, start-up
+    (tmp_path / "progress.json").write_text(json.dumps({"round": 4, "deadline_s": 270.0, "grace_s": 5.0}))
+    os.utime(tmp_path / "progress.json", ns=(0, 10**18))  # a new stamp, whatever the file system's resolution
+    sup._note_progress()
+    assert sup._watchdog_s == watchdog_bound(270.0, 5.0)  # a working 270 s attempt is not a stall
