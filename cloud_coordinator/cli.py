@@ -44,8 +44,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rounds", type=int, default=None, help="override the app's number of rounds")
     p.add_argument("--rule", default=None, help="aggregation rule, e.g. trimmed_mean, bulyan, nnm+centered_clipping")
     p.add_argument("--f", type=int, default=None, help="Byzantine clients to tolerate")
-    p.add_argument("--min-clients", type=int, default=None, help="replies a round needs at least")
-    p.add_argument("--round-timeout", type=float, default=None)
+    p.add_argument("--min-clients", type=int, default=None, help="clients a round samples at least")
+    p.add_argument("--min-replies", type=int, default=None,
+                   help="usable replies a round needs to count (default: what the rule needs for --f, e.g. 2f+3 "
+                        "for krum, 2f+1 for trimmed_mean and median); run config key 'min-replies'")
+    p.add_argument("--max-attempts", type=int, default=None,
+                   help="attempts per round without a quorum before the run stops with fatal.json (default 3); "
+                        "run config key 'max-attempts'")
+    p.add_argument("--round-timeout", type=float, default=None,
+                   help="first reply deadline in seconds and its floor (default 60); later ones follow measured "
+                        "reply times (p95 x 3)")
+    p.add_argument("--max-round-timeout", type=float, default=None,
+                   help="upper bound of the adapted reply deadline (default 5 x --round-timeout); run config key "
+                        "'max-round-timeout'")
     p.add_argument("--grace", type=float, default=None, help="wait this long for stragglers after a quorum")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--superlink", default="127.0.0.1:9093", type=ca.hostport,
@@ -158,6 +169,8 @@ def _overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, An
     if args.non_iid is not None:
         out.update({"iid": False, "alpha": float(args.non_iid)})
     for flag, key in (("seed", "seed"), ("rule", "rule"), ("f", "f"), ("min_clients", "min-train-nodes"),
+                      ("min_replies", "min-replies"), ("max_attempts", "max-attempts"),
+                      ("max_round_timeout", "max-round-timeout"),
                       ("round_timeout", "round-timeout"), ("grace", "grace"), ("rounds", "num-server-rounds"),
                       ("selection", "selection")):
         if getattr(args, flag) is not None and key in config:  # keep the app's own config consistent
@@ -197,7 +210,10 @@ def _check_run_config(cfg: dict[str, Any], args: argparse.Namespace) -> str | No
               ("fraction-evaluate", lambda v: 0 <= v <= 1, "in [0, 1]"),
               ("round-timeout", lambda v: v > 0, "> 0"), ("grace", lambda v: v >= 0, ">= 0"),
               ("num-server-rounds", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
-              ("min-train-nodes", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"))
+              ("min-train-nodes", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+              ("min-replies", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+              ("max-attempts", lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+              ("max-round-timeout", lambda v: v > 0, "> 0"))
     for key, ok, what in checks:
         v = cfg.get(key)
         if v is None:
@@ -205,6 +221,16 @@ def _check_run_config(cfg: dict[str, Any], args: argparse.Namespace) -> str | No
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
             raise ValueError(f"{key} must be {what}, got {v!r}")
     return rule
+
+
+def _round_options(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Quorum, retry budget and deadline bound of the run: the flag, else the run config's key, else None."""
+    out: dict[str, Any] = {}
+    for flag, key, kind in (("min_replies", "min-replies", int), ("max_attempts", "max-attempts", int),
+                            ("max_round_timeout", "max-round-timeout", float)):
+        v = getattr(args, flag)
+        out[flag] = kind(v if v is not None else cfg[key]) if v is not None or cfg.get(key) is not None else None
+    return out
 
 
 def selection_rule(cfg: dict[str, Any], args: argparse.Namespace) -> str:
@@ -235,9 +261,11 @@ def coordinator(args: argparse.Namespace) -> int:
         return _error("--superlink must be HOST:PORT")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         return _error("--metrics-port must be a port number (0: any free port)")
-    if (args.rounds is not None and args.rounds < 1) or (args.min_clients is not None and args.min_clients < 1) or \
+    if any(v is not None and v < 1 for v in (args.rounds, args.min_clients, args.min_replies, args.max_attempts)) or \
             (args.f is not None and args.f < 0):
-        return _error("--rounds and --min-clients must be >= 1, --f >= 0")
+        return _error("--rounds, --min-clients, --min-replies and --max-attempts must be >= 1, --f >= 0")
+    if args.max_round_timeout is not None and args.max_round_timeout < (args.round_timeout or 0.0):
+        return _error("--max-round-timeout must be at least --round-timeout")
     try:
         spec = load_app(args.app if args.app is not None else bundled_app("digits"))
         rule = args.rule or str(spec.config.get("rule", "")) or None
@@ -285,10 +313,17 @@ def coordinator(args: argparse.Namespace) -> int:
         except (FoglineError, ValueError) as exc:
             return _fatal(work, f"run config: {exc}")
         effective = {**dict(spec.config), **overrides}
-        if "selection" not in spec.config:  # the coordinator's key (settings), not one the app knows
-            overrides.pop("selection", None)
+        for key in ("selection", "min-replies", "max-attempts", "max-round-timeout"):
+            if key not in spec.config:  # the coordinator's keys (settings), not ones the app knows
+                overrides.pop(key, None)
         round_s = float(args.round_timeout or effective.get("round-timeout") or 60.0)
         grace_s = float(args.grace if args.grace is not None else effective.get("grace", 5.0))
+        rounds_cfg = _round_options(args, effective)
+        max_round_s = rounds_cfg["max_round_timeout"] or 5.0 * round_s
+        if max_round_s < round_s:
+            return _fatal(work, f"run config: max-round-timeout {max_round_s:g} s is below the round timeout "
+                                f"{round_s:g} s")
+        # from the first deadline; the supervisor raises it as the ServerApp's deadline adapts (progress.json)
         watchdog = args.watchdog if args.watchdog is not None else watchdog_bound(round_s, grace_s)
         if watchdog and watchdog <= round_s + grace_s:
             return _error(f"--watchdog {watchdog:g} must exceed round-timeout + grace ({round_s + grace_s:g} s): "
@@ -305,7 +340,7 @@ def coordinator(args: argparse.Namespace) -> int:
             work_dir=str(work), checkpoint_dirs=tuple(map(str, dirs)), quorum=args.quorum, keep=args.keep,
             checkpoint_mode=args.checkpoint_mode, signing_key=str(signing_path), signer=signer,
             rule=args.rule, f=args.f, rounds=args.rounds, round_timeout=args.round_timeout, grace=args.grace,
-            min_train_nodes=args.min_clients, seed=args.seed, export=spec.export,
+            min_train_nodes=args.min_clients, seed=args.seed, export=spec.export, **rounds_cfg,
             release_name=args.release_name or spec.release or spec.name,
             release_every=args.release_every or spec.every, input_shape=spec.input_shape,
             supernodes="" if args.no_supernode_auth else str(work / "supernodes.json"),
@@ -389,12 +424,16 @@ def _print_report(doc: dict[str, Any], releases: Path, s: Any, rolled: list[dict
         acc = (h.get("server") or {}).get("accuracy")
         extra = f" rejected {h['rejected']}" if h.get("rejected") else ""
         skipped = f" SKIPPED: {h['skipped']}" if h.get("skipped") else ""
-        print(f"  round {h['round']}: {len(h.get('accepted', []))}/{len(h.get('clients', []))} accepted"
-              f"{'' if acc is None else f', accuracy {acc:.4f}'}{extra}{skipped}")
+        quorum = f", {h['replies']}/{h['quorum']} replies of its quorum" if "quorum" in h else ""
+        retried = "".join(f"\n    retried: {why}" for why in h.get("retried", ()))
+        print(f"  round {h['round']}: {len(h.get('accepted', []))}/{len(h.get('clients', []))} accepted{quorum}"
+              f"{'' if acc is None else f', accuracy {acc:.4f}'}{extra}{skipped}{retried}")
         if isinstance(h.get("selection"), dict):
             print(f"    {selection_line(h['selection'])}")
     for rel in doc.get("releases", []):
-        if "error" in rel:
+        if rel.get("unchanged"):
+            print(f"  round {rel['round']}: model unchanged since {s.release_name} v{rel['version']}, not released")
+        elif "error" in rel:
             print(f"  release after round {rel['round']} failed: {rel['error']}")
         else:
             print(f"  released {s.release_name} v{rel['version']} sha256 {rel['sha256'][:12]}")

@@ -55,6 +55,7 @@ from .supervision import (
     diagnose,
     flower_event,
     step,
+    watchdog_bound,
 )
 
 __all__ = ["SupervisorOptions", "Supervisor", "flower_bin", "flower_env", "require_loopback_superlink",
@@ -153,6 +154,7 @@ class Supervisor:
         self.component_restarts = {c.value: 0 for c in Component}
         self._progress_stamp: int | None = None
         self._progress_at = 0.0  # monotonic: the last sign of round progress (or the submit)
+        self._watchdog_s = float(opts.watchdog_s or 0.0)  # raised when the ServerApp's deadline grows
         self.on_tick = on_tick  # called every poll (the fog link publishes releases there)
         self.env = flower_env(self.home, {**opts.extra_env, SETTINGS_ENV: str(opts.settings_path)})
         self.app_name = _app_name(opts.app_dir)
@@ -418,8 +420,8 @@ class Supervisor:
         if self.opts.watchdog_s and state.phase in (Phase.LIVE, Phase.CHECKING):
             self._note_progress()
             silent = now - self._progress_at
-            if silent > self.opts.watchdog_s:
-                component, line = diagnose(silent, self.opts.watchdog_s, self.health(state))
+            if silent > self._watchdog_s:
+                component, line = diagnose(silent, self._watchdog_s, self.health(state))
                 log.warning("%s; restarting the %s", line, component)
                 self._progress_at = now
                 return [(Event.STALLED, {"component": component, "reason": line, "restartable": self.owned})]
@@ -453,6 +455,12 @@ class Supervisor:
             if self._progress_stamp is not None or stamp >= self._submitted_wall_ns:
                 self._progress_at = time.monotonic()
             self._progress_stamp = stamp
+            try:  # an adapted deadline longer than the watchdog assumed: a working attempt may be silent longer
+                doc = json.loads((self.dir / PROGRESS_FILE).read_text())
+                bound = watchdog_bound(float(doc.get("deadline_s", 0.0)), float(doc.get("grace_s", 0.0)))
+            except (OSError, ValueError, AttributeError, TypeError):
+                return
+            self._watchdog_s = max(float(self.opts.watchdog_s or 0.0), bound)
 
     def _flower_children(self) -> tuple[bool | None, bool | None]:
         """(SuperExec alive, a ServerApp alive) under our SuperLink; (None, None) when not ours to see."""

@@ -7,7 +7,8 @@ reads what the coordinator already writes into its checkpoint dir --
 * the checkpoints of every replica (``ckpt-*.json`` + ``.bin``: each file
   verified once, checksum and signature, as a resume would; the newest
   verified one gives the round history: rounds, rejections, resumes),
-* ``report.json`` of this run (the ServerApp's final report),
+* ``report.json`` of this run (the ServerApp's final report) and its ``progress.json``
+  (the round in progress: its quorum, retries and current reply deadline),
 * ``sites/sites.json``, ``sites/status.json``, each site's verified summary,
   ``rollouts.json``, the release outbox and ``releases/published.json``,
 
@@ -58,9 +59,9 @@ PREFIX = "fogline_coordinator"
 STATUS_FRESH_S = 10.0        # sites/status.json is rewritten every 2 s while the site service runs
 OBSERVE_EVERY_S = 2.0        # the supervisor's poll looks for new checkpoints at most this often
 ROLLOUT_STATES = ("queued", "canary", "checking", "rolling", "done", "rolling back", "rolled back", "failed",
-                  "waiting", "not released", "refused", "timeout", "skipped", "superseded")
+                  "waiting", "not released", "refused", "timeout", "skipped", "superseded", "unchanged")
 STEPS = ("queued", "baseline", "canary", "switch", "probe", "rolling", "rollback", "done", "rolled back", "failed",
-         "superseded")
+         "superseded", "unchanged")
 
 # name (without the prefix) -> (type, labels, help). ``families`` emits nothing outside this table.
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -78,6 +79,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "round_clients": ("gauge", ("outcome",), ("Clients of the last completed round: sent, accepted, rejected, "
                                              "no_reply")),
     "rounds_skipped": ("counter", (), "Rounds that could not aggregate and kept the model"),
+    "round_replies": ("gauge", (), "Usable replies of the last completed round (compare round_quorum)"),
+    "round_quorum": ("gauge", (), "Usable replies a round needs to count (the rule's minimum for f, or min-replies)"),
+    "round_retries": ("counter", (), ("Training attempts retried because they had no quorum (or failed to "
+                                      "aggregate), over the run's rounds and the round in progress")),
+    "round_deadline_seconds": ("gauge", (), ("Reply deadline of the current training attempt, adapted to earlier "
+                                             "reply times (progress.json)")),
     "rejections": ("counter", ("rule", "reason"), ("Client updates rejected over the run, by aggregation rule and "
                                                    "reason: the checks before the rule and the rule's own "
                                                    "exclusions ('not selected')")),
@@ -138,7 +145,7 @@ def _reason(why: str) -> str:
 def rollout_site_state(r: Mapping[str, Any], site: str) -> str:
     """One site's state in one rollout (``ROLLOUT_STATES``): the canary's from the step, the others' own."""
     step = str(r.get("step", "queued"))
-    if step in ("queued", "superseded"):
+    if step in ("queued", "superseded", "unchanged"):
         return step
     if site == r.get("canary"):
         return {"baseline": "canary", "canary": "canary", "switch": "checking", "probe": "checking",
@@ -203,6 +210,19 @@ def _rounds(f: Families, snap: Mapping[str, Any], now: float, rule: str) -> None
             key = (str(h.get("rule") or rule), _reason(why))
             rejections[key] = rejections.get(key, 0) + 1
     f.add("rounds_skipped", skipped)
+    progress: Mapping[str, Any] = snap.get("progress") or {}
+    last_h: Mapping[str, Any] = history[-1] if history else {}
+    if last_h.get("replies") is not None:
+        f.add("round_replies", int(last_h["replies"]))
+    quorum = progress.get("quorum", last_h.get("quorum"))
+    if quorum is not None:
+        f.add("round_quorum", int(quorum))
+    retries = sum(len(h.get("retried") or ()) for h in history)
+    if progress and not any(h.get("round") == progress.get("round") for h in history):
+        retries += int(progress.get("retries", 0))  # the round in progress: not in the history yet
+    f.add("round_retries", retries)
+    if progress.get("deadline_s") is not None:
+        f.add("round_deadline_seconds", float(progress["deadline_s"]))
     f.get("rejections")
     for (r, why), n in sorted(rejections.items()):
         f.add("rejections", n, r, why)
@@ -513,16 +533,20 @@ class CoordinatorWatch:
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """What one scrape needs, as plain data (``families`` turns it into metrics)."""
-        from .settings import REPORT_FILE
+        from .settings import PROGRESS_FILE, REPORT_FILE
 
         src = self.source
         now = time.time() if now is None else now
         report = _read_json(src.work_dir / REPORT_FILE)
         if not isinstance(report, dict) or float(report.get("finished_at", 0)) < src.started_at:
             report = None
+        progress = _read_json(src.work_dir / PROGRESS_FILE)
+        if not isinstance(progress, dict) or float(progress.get("at", 0)) < src.started_at:
+            progress = None  # an earlier run's
         with self._lock:  # scrapes may overlap: one reads the files at a time
             snap: dict[str, Any] = {
                 "now": now, "started_at": src.started_at, "rounds_target": src.rounds_target, "report": report,
+                "progress": progress,
                 "config": {"rule": src.rule, "release": src.release, "checkpoint_mode": src.checkpoint_mode},
                 **self._checkpoint_part(), **self._sites_part()}
         sup = self.supervisor

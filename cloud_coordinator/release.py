@@ -31,7 +31,8 @@ from runtime.security import Identity, sign_artifact
 from .store import atomic_write
 
 __all__ = ["Release", "ReleaseError", "resolve_export", "export_onnx", "check_onnx", "build_release",
-           "write_release", "release_path", "valid_release_name", "read_release", "version_for", "onnx_file"]
+           "write_release", "release_path", "valid_release_name", "read_release", "version_for", "onnx_file",
+           "latest_release"]
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,22 @@ def version_for(out_dir: Path, name: str, server_round: int) -> int:
             except (IndexError, ValueError):
                 continue
     return server_round if server_round > newest else newest + 1
+
+
+def latest_release(out_dir: Path, name: str) -> tuple[int, str] | None:
+    """(version, sha256) of the newest readable release of ``name`` in the outbox (rollbacks too), or None."""
+    found: list[tuple[int, Path]] = []
+    for p in out_dir.glob(f"{name}-v*.release") if out_dir.is_dir() else ():
+        try:
+            found.append((int(p.stem.rsplit("-v", 1)[1]), p))
+        except (IndexError, ValueError):
+            continue
+    for version, path in sorted(found, reverse=True):
+        try:
+            return version, read_release(path).sha256
+        except ReleaseError:
+            continue
+    return None
 
 
 def onnx_file(path: str | Path) -> bytes:

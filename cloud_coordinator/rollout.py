@@ -30,7 +30,9 @@ increasing versions of a name, so a rollback republishes the previous
 model's bytes under a new, higher version (the adapter writes that file:
 ``Restore`` -> ``Restored``). A rollout stops as ``failed`` (nothing rolled
 back) when the canary refused the release, never answered before it was
-published, or there is no earlier release to go back to.
+published, or there is no earlier release to go back to; as ``unchanged``
+(nothing published, nothing rolled back) when the canary already runs the
+release's bytes under an earlier version: the same model is not a new one.
 
 Time is a parameter (``now``, monotonic seconds); every wait is bounded by
 ``RolloutPolicy``. The book round-trips through JSON, and ``resume(now)``
@@ -72,9 +74,10 @@ class Step(Enum):
     ROLLED_BACK = "rolled back"
     FAILED = "failed"
     SUPERSEDED = "superseded"
+    UNCHANGED = "unchanged"  # the canary already runs these bytes: nothing new to release, nothing to roll back
 
 
-TERMINAL = frozenset({Step.DONE, Step.ROLLED_BACK, Step.FAILED, Step.SUPERSEDED})
+TERMINAL = frozenset({Step.DONE, Step.ROLLED_BACK, Step.FAILED, Step.SUPERSEDED, Step.UNCHANGED})
 
 
 def model_ref(sha256: str) -> str:
@@ -755,6 +758,9 @@ class RolloutBook:
         if rel is not None and rel[0] == r.version and rel[1] != r.ref:
             return self._stop(r, Step.FAILED, f"canary {r.canary} already lists {r.label} with other bytes; "
                                               f"release it as a version above {r.version}", now)
+        if rel is not None and rel[0] < r.version and rel[1] == r.ref:
+            return self._stop(r, Step.UNCHANGED, f"unchanged, not released: canary {r.canary} already runs these "
+                                                 f"bytes as v{rel[0]}", now)
         followers: dict[str, int | None] = {}
         if rel is not None and rel[0] == r.version:
             # it has this very version already (a restart before the book was saved, or a hand release)

@@ -1,14 +1,22 @@
-"""When a round stops waiting for replies (pure).
+"""When a round stops waiting for replies, and how long it may wait (pure).
 
 Unlike Flower's strategies (which wait for ``min_available_nodes`` forever)
 a round ends when everyone replied, when a quorum replied and the grace
-period for stragglers passed, or at the deadline. Time is a parameter.
+period for stragglers passed, or at the deadline. The deadline follows the
+machine: a quantile of earlier rounds' reply times times a margin, within the
+user's bounds, longer after a starved attempt (``round_deadline``); Flower's
+message TTL is never shorter (``message_ttl``). Time is a parameter.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Wait", "wait_decision"]
+from runtime.errors import LocalViolation
+
+__all__ = ["DeadlinePolicy", "Wait", "message_ttl", "round_deadline", "starved_line", "wait_decision"]
 
 
 class Wait(Enum):
@@ -31,3 +39,57 @@ def wait_decision(sent: int, answered: int, ok: int, min_replies: int, elapsed_s
     if elapsed_s >= timeout_s:
         return Wait.TIMEOUT
     return Wait.WAIT
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePolicy:
+    """How long a training attempt waits for replies, from what earlier replies took.
+
+    ``initial_s`` until a reply was measured; then ``quantile`` of the last ``window``
+    reply times x ``margin``; every starved attempt of the round (no quorum in time)
+    multiplies by ``backoff``; always within [``min_s``, ``max_s``].
+    """
+
+    initial_s: float = 60.0
+    min_s: float = 60.0
+    max_s: float = 300.0
+    margin: float = 3.0
+    quantile: float = 0.95
+    window: int = 200
+    backoff: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_s <= self.max_s or self.initial_s <= 0:
+            raise LocalViolation(f"round deadlines need 0 < min ({self.min_s:g} s) <= max ({self.max_s:g} s) "
+                                 f"and an initial deadline > 0 (got {self.initial_s:g} s)")
+        if self.margin < 1 or not 0 < self.quantile <= 1 or self.window < 1 or self.backoff < 1:
+            raise LocalViolation("round deadlines need margin >= 1, quantile in (0, 1], window >= 1, backoff >= 1")
+
+    @classmethod
+    def around(cls, round_timeout: float, max_round_timeout: float | None = None) -> DeadlinePolicy:
+        """The default: never below ``round_timeout`` (the user's), up to ``max_round_timeout`` (5x by default)."""
+        hi = max_round_timeout if max_round_timeout is not None else 5.0 * round_timeout
+        return cls(initial_s=round_timeout, min_s=round_timeout, max_s=hi)
+
+
+def round_deadline(policy: DeadlinePolicy, reply_s: Sequence[float], starved: int = 0) -> float:
+    """The reply deadline (seconds from sending) of an attempt after ``starved`` starved ones this round."""
+    recent = [x for x in reply_s[-policy.window:] if math.isfinite(x) and x >= 0]
+    base = policy.initial_s if not recent else _quantile(sorted(recent), policy.quantile) * policy.margin
+    return min(policy.max_s, max(policy.min_s, base * policy.backoff ** max(0, starved)))
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of sorted ``xs`` (the slowest reply when q is 1)."""
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def message_ttl(deadline_s: float, grace_s: float, slack_s: float = 30.0) -> float:
+    """Flower's message TTL (counted from the Message's creation, like the deadline): never shorter than
+    the deadline plus grace, so a reply that arrives in time is never expired by the SuperLink."""
+    return max(deadline_s + grace_s + slack_s, 2.0 * deadline_s, 60.0)
+
+
+def starved_line(usable: int, sent: int, deadline_s: float) -> str:
+    """The one-line reason of a starved attempt (log, progress.json, report.json)."""
+    return f"{usable}/{sent} replies within {deadline_s:.3g} s"

@@ -63,6 +63,9 @@ class Settings:
     round_timeout: float | None = None
     grace: float | None = None
     min_train_nodes: int | None = None
+    min_replies: int | None = None         # usable replies a round needs (None: the rule's minimum for f)
+    max_attempts: int | None = None        # attempts per round before the run stops (fatal.json)
+    max_round_timeout: float | None = None  # the adapted reply deadline's upper bound
     seed: int | None = None
     export: str = ""               # "package.module:function" from [tool.fogline]
     release_name: str = ""

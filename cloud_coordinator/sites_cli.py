@@ -190,7 +190,7 @@ def resume_cmd(args: argparse.Namespace) -> int:
 
 def _active_text(book: dict[str, Any]) -> str:
     for r in book.get("rollouts", []):
-        if r["step"] not in ("queued", "done", "rolled back", "failed", "superseded"):
+        if r["step"] not in ("queued", "done", "rolled back", "failed", "superseded", "unchanged"):
             return f"{r['name']} v{r['version']} at {r['step']}" + (f", waiting for {r['waiting_for']}"
                                                                      if r.get("waiting_for") else "")
     return "nothing active"
@@ -205,6 +205,8 @@ def rollout_line(r: dict[str, Any]) -> str:
         return f"rollout {name}: done on {where}{extra}"
     if r["step"] in ("rolled back", "failed", "superseded"):
         return f"rollout {name}: {r['step']}: {r['reason']}"
+    if r["step"] == "unchanged":
+        return f"rollout {name}: {r['reason']}"
     wait = f" (waiting for {r['waiting_for']})" if r.get("waiting_for") else ""
     return f"rollout {name}: {r['step']}{wait}"
 
@@ -268,7 +270,45 @@ def status_doc(work: Path, names: list[str] | None = None) -> dict[str, Any]:
             "rollouts": rollouts})
     return {"checkpoint_dir": str(work), "coordinator_running": fresh, "updated_at": at, "canary": canary,
             "sites": sites, "active": _active_text(book), "selection": last_selection(work),
+            "rounds": round_status(work),
             "rollouts": [{**r, "line": rollout_line(r)} for r in book.get("rollouts", [])[-20:]]}
+
+
+def round_status(work: Path) -> dict[str, Any] | None:
+    """The training rounds at a glance: the attempt in progress (progress.json: quorum, retries, current
+    deadline, what it waits for) and the last finished round's usable replies against its quorum (report.json)."""
+    from .settings import PROGRESS_FILE, REPORT_FILE
+
+    out: dict[str, Any] = {}
+    try:
+        p = json.loads((work / PROGRESS_FILE).read_text())
+        out.update({k: p[k] for k in ("round", "attempt", "quorum", "retries", "retried", "deadline_s", "waiting",
+                                      "at") if k in p})
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    try:
+        history = json.loads((work / REPORT_FILE).read_text()).get("history") or []
+        last = history[-1] if history and isinstance(history[-1], dict) else {}
+        out["last"] = {k: last[k] for k in ("round", "replies", "quorum", "retried") if k in last} or None
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return out or None
+
+
+def round_line(r: dict[str, Any]) -> str:
+    """``fogline status --coordinator``'s rounds line: replies against the quorum, retries, the deadline."""
+    parts = []
+    if "round" in r:
+        parts.append(f"round {r['round']} attempt {r.get('attempt', '?')}")
+    if "quorum" in r:
+        parts.append(f"quorum {r['quorum']}")
+    if "deadline_s" in r:
+        parts.append(f"deadline {float(r['deadline_s']):.3g} s")
+    parts.append(f"retries {r.get('retries', 0)}" + (f" (last: {r['retried']})" if r.get("retried") else ""))
+    last = r.get("last") or {}
+    if "replies" in last:
+        parts.append(f"last done: round {last.get('round')} {last['replies']}/{last.get('quorum', '?')} replies")
+    return "rounds: " + ", ".join(parts) + (f"; {r['waiting']}" if r.get("waiting") else "")
 
 
 def last_selection(work: Path) -> dict[str, Any] | None:
@@ -298,7 +338,16 @@ def status_cmd(args: argparse.Namespace) -> int:
     try:
         doc = status_doc(work, args.names)
     except FoglineError as exc:
-        return _error(str(exc))
+        rounds = round_status(work)
+        if rounds is None or args.names:
+            return _error(str(exc))
+        # a coordinator without sites still trains: its rounds are worth showing
+        if args.json:
+            print(json.dumps({"checkpoint_dir": str(work), "sites": None, "rounds": rounds}, indent=1, default=str))
+        else:
+            print(f"{work}: {exc}")
+            print(round_line(rounds))
+        return 0
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
         return 0
@@ -320,6 +369,8 @@ def status_cmd(args: argparse.Namespace) -> int:
     for s in doc["sites"]:
         if s["reachable"] is False and s["error"]:
             print(f"  {s['name']}: {s['error']}")
+    if doc.get("rounds"):
+        print(round_line(doc["rounds"]))
     if doc.get("selection"):
         from .selection import selection_line
 
@@ -327,6 +378,6 @@ def status_cmd(args: argparse.Namespace) -> int:
     print(f"rollouts ({doc['active']}):")
     for r in reversed(doc["rollouts"][-10:]):
         print(f"  {r['line']}")
-        if r["step"] not in ("queued", "superseded"):
+        if r["step"] not in ("queued", "superseded", "unchanged"):
             print("    " + ", ".join(f"{site}: {st['state']}" for site, st in r["sites"].items()))
     return 0

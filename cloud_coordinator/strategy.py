@@ -12,15 +12,21 @@ in the Deployment Engine or the Simulation Engine. What changes:
   buffers (``aggregation.RowStack``: no decode, no stacking copy), the arrays
   of any ``ArrayRecord`` layout as one flat vector; example counts are ignored
   except by ``mean``; stateful rules keep their state across rounds;
-* waits are bounded (``round_timeout``), a round needs a quorum (the rule's
-  minimum for ``f`` and ``min_train_nodes``) and gives stragglers ``grace``
-  seconds, a failed attempt is retried (``max_attempts``), a failed
-  aggregation is a failed attempt, never a crash;
+* a round counts only with a quorum of usable replies (``aggregation.quorum``:
+  the rule's minimum for ``f``, raised by ``min_replies``/``min_train_nodes``)
+  and gives stragglers ``grace`` seconds once it has it; an attempt without
+  one (or whose aggregation failed) is retried under the same round number,
+  its reason in the log, ``progress.json`` and ``report.json``; after
+  ``max_attempts`` the run stops loudly (``fatal.json``, no release);
+* the reply deadline follows the machine (``rounds.round_deadline``: p95 of
+  earlier reply times x a margin, from ``round_timeout`` up to
+  ``max_round_timeout``) and Flower's message TTL is never shorter;
 * with ``checkpoint_dirs`` every round is checkpointed, signed and
   quorum-replicated, and ``start`` resumes from the newest round verified in
   a quorum of replicas, so a killed run continues where it stopped;
 * with ``release`` the global model is exported (the user's hook), checked in
-  onnxruntime, signed and handed to the fog brokers.
+  onnxruntime, signed and handed to the fog brokers, only when its bytes
+  differ from the last release (an unchanged model is not a new version).
 
 Under ``fogline coordinator --app`` the supervisor's settings (``settings``)
 override rule, f, checkpoints, release and node identities.
@@ -61,8 +67,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from runtime.errors import FoglineError, LocalViolation
 from runtime.messages import FleetSummary
 from runtime.security import Identity
+from runtime.verify import sha256_hex
 
-from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule
+from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule, quorum
 from .layout import (
     CLIENT_ERROR,
     DUPLICATE_REPLY,
@@ -83,10 +90,11 @@ from .release import (
     build_release,
     check_onnx,
     export_onnx,
+    latest_release,
     version_for,
     write_release,
 )
-from .rounds import Wait, wait_decision
+from .rounds import DeadlinePolicy, Wait, message_ttl, round_deadline, starved_line, wait_decision
 from .selection import (
     SELECTED,
     SelectionPolicy,
@@ -113,6 +121,7 @@ log = logging.getLogger("fogline.strategy")
 CHECKPOINT_KEY = "checkpoint.key"  # default signing key, beside the first checkpoint directory (key_path)
 LOCK_FILE = ".coordinator.lock"
 POLL_S = 0.2
+REPLY_SAMPLES = 200  # reply times kept for the deadline (the newest)
 
 
 class RunFailed(FoglineError):
@@ -166,6 +175,8 @@ class _Attempt:
     failure: str = ""
     answered: int = 0
     sites: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> its "site-*" metrics (two-level)
+    t0: float = 0.0                                              # monotonic, before its Messages were made (TTL)
+    deadline_s: float = 0.0
     selection: dict[str, str] = field(default_factory=dict)     # device -> why it was (not) selected (summaries)
 
 
@@ -174,9 +185,11 @@ class RobustStrategy(Strategy):
 
     ``rule`` is a rule of ``cloud_coordinator.aggregation`` (``preaggregator`` an
     optional ``+``-joined prefix such as ``"nnm"``); ``f`` the Byzantine clients to
-    tolerate. A round waits at most ``round_timeout`` seconds per attempt, for at
-    least ``max(min_train_nodes, rule minimum)`` replies, ``grace`` seconds longer
-    for stragglers once it has them.
+    tolerate. A round counts with at least ``quorum`` usable replies (the rule's minimum,
+    ``min_replies``, ``min_train_nodes``) and waits ``grace`` seconds longer for
+    stragglers once it has them; an attempt waits ``round_timeout`` seconds for replies
+    at first, then what earlier replies took (p95 x 3), up to ``max_round_timeout``
+    (default 5 x ``round_timeout``); ``max_attempts`` per round, then the run stops.
     """
 
     def __init__(self, rule: str = DEFAULT_RULE, f: int = 1, preaggregator: str | None = None, *,
@@ -184,6 +197,7 @@ class RobustStrategy(Strategy):
                  fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
                  min_train_nodes: int = 2, min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
                  round_timeout: float = 60.0, grace: float = 5.0, max_attempts: int = 3,
+                 min_replies: int | None = None, max_round_timeout: float | None = None,
                  checkpoint_dirs: Sequence[str | Path] = (), checkpoint_mode: str = "every-round",
                  checkpoint_keep: int = 3, checkpoint_quorum: int | None = None,
                  signing_key: Identity | str | Path | None = None,
@@ -193,7 +207,7 @@ class RobustStrategy(Strategy):
                  node_devices: Mapping[str, str] | None = None,
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 work_dir: str | Path | None = None) -> None:
+                 work_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.rule = f"{preaggregator}+{rule}" if preaggregator else rule
         self.f = f
         self.rule_options = dict(rule_options or {})
@@ -205,6 +219,12 @@ class RobustStrategy(Strategy):
         self.round_timeout = round_timeout
         self.grace = grace
         self.max_attempts = max_attempts
+        self.min_replies = min_replies
+        self.max_round_timeout = max_round_timeout
+        self._reply_s: list[float] = []  # seconds from sending to each usable reply, earlier attempts
+        self.deadline_s = round_timeout  # the current attempt's reply deadline
+        self._status: dict[str, Any] = {}  # progress.json / fogline status: replies vs quorum, retries, deadline
+        self._released: tuple[int, str] | None = None  # (version, sha256) of the newest release of the model
         self.checkpoint_dirs = tuple(Path(d) for d in checkpoint_dirs)
         self.checkpoint_mode = checkpoint_mode
         self.checkpoint_keep = checkpoint_keep
@@ -232,6 +252,9 @@ class RobustStrategy(Strategy):
         self._eval_sent: dict[int, str] = {}
         self._dst_of: dict[str, int] = {}  # message id pushed -> the node it went to (blame the right node)
         self._devices: dict[int, str] = {}
+        self._eval_t0: float | None = None
+        self._measured: list[float] = []  # the last collect's reply times
+        self._clock = clock  # reply deadlines and reply times (monotonic seconds; a test's virtual clock)
 
     # ------------------------------------------------------------------ configuration
 
@@ -240,12 +263,15 @@ class RobustStrategy(Strategy):
             raise LocalViolation("fraction_train and fraction_evaluate must be in [0, 1]")
         if self.round_timeout <= 0 or self.grace < 0 or self.max_attempts < 1:
             raise LocalViolation("round_timeout must be > 0, grace >= 0, max_attempts >= 1")
+        if self.min_replies is not None and self.min_replies < 1:
+            raise LocalViolation(f"min_replies must be >= 1, got {self.min_replies}")
+        self.deadline_policy = DeadlinePolicy.around(self.round_timeout, self.max_round_timeout)
         return get_rule(self.rule, self.f, seed=self.seed, **self.rule_options)
 
     @property
     def quorum(self) -> int:
-        """Replies a round needs: ``min_train_nodes``, and never fewer than the rule needs for ``f``."""
-        return max(self.min_train_nodes, self._aggregator.min_clients, 1)
+        """Usable replies a round needs to count (``aggregation.quorum``: never fewer than the rule needs for ``f``)."""
+        return quorum(self._aggregator.min_clients, self.min_replies, self.min_train_nodes)
 
     def apply_settings(self, s: Settings) -> None:
         """Let ``fogline coordinator``'s settings override the constructor (see ``settings``)."""
@@ -260,7 +286,8 @@ class RobustStrategy(Strategy):
             self.rule = s.rule
         if s.f is not None:
             self.f = s.f
-        for name in ("round_timeout", "grace", "min_train_nodes", "seed"):
+        for name in ("round_timeout", "grace", "min_train_nodes", "seed", "min_replies", "max_round_timeout",
+                     "max_attempts"):
             if getattr(s, name) is not None:
                 setattr(self, name, getattr(s, name))
         if s.checkpoint_dirs:
@@ -294,8 +321,9 @@ class RobustStrategy(Strategy):
         self._aggregator = self._build_aggregator()
 
     def summary(self) -> None:
-        log.info("\t├──> RobustStrategy: %s, f=%d, quorum %d, timeout %.0f s (+%.0f s grace), %d attempts",
-                 describe(self.rule), self.f, self.quorum, self.round_timeout, self.grace, self.max_attempts)
+        log.info("\t├──> RobustStrategy: %s, f=%d, quorum %d, timeout %.0f..%.0f s (+%.0f s grace), %d attempts",
+                 describe(self.rule), self.f, self.quorum, self.deadline_policy.min_s, self.deadline_policy.max_s,
+                 self.grace, self.max_attempts)
         log.info("\t├──> Sampling: train %.2f | evaluate %.2f", self.fraction_train, self.fraction_evaluate)
         log.info("\t└──> Checkpoints: %s; release: %s",
                  ", ".join(map(str, self.checkpoint_dirs)) or "none",
@@ -370,13 +398,15 @@ class RobustStrategy(Strategy):
         rng = np.random.default_rng([self.seed, server_round, number])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         att.sent = {n: eligible[n] for n in picked}
+        att.t0, att.deadline_s = self._clock(), self.deadline_s  # the TTL and the deadline count from here
         if len(picked) >= self.quorum:  # the heartbeat also under Flower's own round loop (no start())
             self._progress(server_round, number, f"round {server_round} attempt {number}: waiting for replies of "
-                           f"{len(picked)} nodes (quorum {self.quorum})", att.connected, att.sent.values())
-        # round-timeout: how long this round waits, so a site (bridge) answers before the cloud gives up
-        cfg = ConfigRecord({**dict(config), "server-round": server_round, "round-timeout": float(self.round_timeout)})
+                           f"{len(picked)} nodes (quorum {self.quorum}, deadline {self.deadline_s:.3g} s)",
+                           att.connected, att.sent.values())
+        # round-timeout: how long this attempt waits, so a site (bridge) answers before the cloud gives up
+        cfg = ConfigRecord({**dict(config), "server-round": server_round, "round-timeout": float(self.deadline_s)})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
-        ttl = max(self.round_timeout + self.grace + 30.0, 60.0)
+        ttl = message_ttl(self.deadline_s, self.grace)
         return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(server_round),
                         ttl=ttl) for n in picked]
 
@@ -507,10 +537,11 @@ class RobustStrategy(Strategy):
         rng = np.random.default_rng([self.seed, server_round, 0xE7A1])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         self._eval_sent = {n: devices[n] for n in picked}
+        self._eval_t0 = self._clock()
         cfg = ConfigRecord({**dict(config), "server-round": server_round})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
         return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(server_round),
-                        ttl=max(self.round_timeout + 30.0, 60.0)) for n in picked]
+                        ttl=message_ttl(self.deadline_s, self.grace)) for n in picked]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Median of the clients' evaluation metrics (robust), plus how many answered."""
@@ -536,26 +567,35 @@ class RobustStrategy(Strategy):
 
     # ------------------------------------------------------------------ the round loop
 
-    def _collect(self, grid: Grid, messages: list[Message], need: int,
-                 timeout: float) -> list[Message]:
-        """Push, then poll until everyone answered, or a quorum plus grace, or the deadline."""
+    def _collect(self, grid: Grid, messages: list[Message], need: int, timeout: float,
+                 t0: float | None = None, *, measure: bool = False) -> list[Message]:
+        """Push, then poll until everyone answered, or a quorum plus grace, or the deadline.
+
+        ``t0`` (monotonic): when the Messages were made; the deadline counts from there, as their
+        TTL does. ``measure``: keep each usable reply's time for the next deadlines (``_measured``).
+        """
+        measured: list[float] = []
+        self._measured = measured
         if not messages:
             return []
+        t0 = self._clock() if t0 is None else t0
         ids = list(grid.push_messages(messages))
         pending = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
         self._dst_of = dict(pending)
         sent = len(pending)
         got: list[Message] = []
         ok = 0
-        t0 = time.monotonic()
         quorum_at: float | None = None
         while pending:
-            for msg in grid.pull_messages(list(pending)):
+            pulled = list(grid.pull_messages(list(pending)))
+            now = self._clock()
+            for msg in pulled:
                 if pending.pop(msg.metadata.reply_to_message_id, None) is None:
                     continue
                 got.append(msg)
-                ok += 0 if msg.has_error() else 1
-            now = time.monotonic()
+                if not msg.has_error():
+                    ok += 1
+                    measured.append(now - t0)
             if quorum_at is None and ok >= need:
                 quorum_at = now
             verdict = wait_decision(sent, sent - len(pending), ok, need, now - t0,
@@ -563,11 +603,13 @@ class RobustStrategy(Strategy):
             if verdict is not Wait.WAIT:
                 break
             time.sleep(POLL_S)
+        if measure:
+            self._reply_s = (self._reply_s + measured)[-REPLY_SAMPLES:]
         return got
 
     def _wait_nodes(self, grid: Grid, need: int, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while (have := len(list(grid.get_node_ids()))) < need and time.monotonic() < deadline:
+        deadline = self._clock() + timeout
+        while (have := len(list(grid.get_node_ids()))) < need and self._clock() < deadline:
             time.sleep(0.5)
         return have
 
@@ -592,7 +634,7 @@ class RobustStrategy(Strategy):
         if self.work_dir is None:
             return
         doc = {"round": rnd, "attempt": attempt, "waiting": waiting, "connected": sorted(connected),
-               "eligible": sorted(eligible), "at": time.time()}
+               "eligible": sorted(eligible), "at": time.time(), **self._status}
         if self._last_selection is not None:  # fogline status --coordinator: who trains, and why not
             doc["selection"] = self._last_selection
         try:
@@ -715,11 +757,12 @@ class RobustStrategy(Strategy):
         ckpt_s: list[float] = []
         releases: list[dict[str, Any]] = []
         last_ckpt = start_round - 1
-        wait = min(self.round_timeout, timeout)
+        self._reply_s = [float(x) for h in history for x in h.get("reply_s", ())][-REPLY_SAMPLES:]  # resumed
         for rnd in range(start_round, num_rounds + 1):
             r0 = time.monotonic()
             entry: dict[str, Any] = {"round": rnd}
-            new_arrays, train_metrics = self._train_round(grid, rnd, arrays, train_config, wait, entry)
+            new_arrays, train_metrics = self._train_round(grid, rnd, arrays, train_config, timeout, entry)
+            wait = min(self.deadline_s, timeout)
             if new_arrays is not None:
                 arrays = new_arrays
                 result.arrays = arrays
@@ -728,7 +771,8 @@ class RobustStrategy(Strategy):
                 entry["train"] = dict(train_metrics)
             eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(dict(evaluate_config)), grid))
             if eval_msgs:
-                agg_eval = self.aggregate_evaluate(rnd, self._collect(grid, eval_msgs, self.min_evaluate_nodes, wait))
+                agg_eval = self.aggregate_evaluate(rnd, self._collect(grid, eval_msgs, self.min_evaluate_nodes, wait,
+                                                                      self._eval_t0))
                 if agg_eval is not None:
                     result.evaluate_metrics_clientapp[rnd] = agg_eval
                     entry["evaluate"] = dict(agg_eval)
@@ -740,7 +784,8 @@ class RobustStrategy(Strategy):
                     entry.update({k: v for k, v in dict(res).items() if k not in entry})  # e.g. "accuracy"
             history.append(entry)
             round_s.append(time.monotonic() - r0)
-            self._progress(rnd, int(entry.get("attempt", 0)), f"round {rnd} of {num_rounds} done")
+            self._progress(rnd, int(entry.get("attempt", 0)), f"round {rnd} of {num_rounds} done: "
+                           f"{entry.get('replies', 0)}/{entry.get('quorum', 0)} replies of its quorum")
             if store is not None:
                 every = rounds_between_checkpoints(store.policy, float(np.mean(round_s)),
                                                    float(np.mean(ckpt_s)) if ckpt_s else None, restarts,
@@ -774,52 +819,85 @@ class RobustStrategy(Strategy):
         too few clients is this round's failure, not the configuration's.
         """
         entry: dict[str, Any] = {"round": server_round}
-        new, metrics = self._train_round(grid, server_round, arrays, train_config,
-                                         self.round_timeout if wait is None else wait, entry, fatal=False)
+        new, metrics = self._train_round(grid, server_round, arrays, train_config,  # wait: the cloud's deadline
+                                         math.inf if wait is None else wait, entry, fatal=False)
         return new, metrics, entry
 
     def _train_round(self, grid: Grid, rnd: int, arrays: ArrayRecord, train_config: ConfigRecord,
-                     wait: float, entry: dict[str, Any], *,
+                     cap: float, entry: dict[str, Any], *,
                      fatal: bool = True) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Up to ``max_attempts`` attempts; a round that cannot aggregate keeps the model and goes on."""
+        """Up to ``max_attempts`` attempts under round number ``rnd``, each waiting at most its adapted deadline
+        (never beyond ``cap``); a round without a quorum is not a round: the run stops (``fatal``), or, for a
+        site's half of a two-level round, the model is kept and ``entry`` says why (``skipped``)."""
         metrics: MetricRecord | None = None
         failures: list[str] = []
+        retried: list[str] = []
         too_few = 0  # attempts that could not even reach the quorum's number of clients
+        starved = 0  # attempts whose replies did not reach the quorum by the deadline
+        q = self.quorum
         for number in range(1, self.max_attempts + 1):
-            need = max(self.quorum, self.min_available_nodes)
+            self.deadline_s = min(round_deadline(self.deadline_policy, self._reply_s, starved), cap)
+            self._status = {"quorum": q, "deadline_s": round(self.deadline_s, 1), "grace_s": self.grace,
+                            "retries": len(retried),
+                            "max_attempts": self.max_attempts, **({"retried": retried[-1]} if retried else {})}
+            need = max(q, self.min_available_nodes)
             self._progress(rnd, number, f"round {rnd} attempt {number}: waiting for {need} nodes to connect")
-            have = self._wait_nodes(grid, need, wait)
+            have = self._wait_nodes(grid, need, self.deadline_s)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
             att = self._attempt
             assert att is not None
             if att.selection:  # report.json: every device, selected or why not (the fog's summaries)
                 entry["selection"] = {"rule": self.selection_rule, "devices": dict(att.selection)}
             connected = att.connected
-            if len(msgs) < self.quorum:
-                att.failure = (f"{self._aggregator.name} with f={self.f} needs {self.quorum} clients, "
+            if len(msgs) < q:
+                att.failure = (f"{self._aggregator.name} with f={self.f} needs {q} clients, "
                                f"{len(msgs)} eligible of {have} connected")
-                failures.append(att.failure)
                 too_few += 1
-                log.warning("round %d attempt %d: %s", rnd, number, att.failure)
-                self._progress(rnd, number, f"round {rnd} attempt {number}: {att.failure}", connected,
-                               att.sent.values())
-                continue
-            replies = self._collect(grid, msgs, self.quorum, wait)
-            new, metrics = self.aggregate_train(rnd, replies)
-            entry.update({"clients": sorted(att.sent.values()), "accepted": att.accepted,
-                          "rejected": dict(att.rejected), "attempt": number,
-                          "refused_nodes": {str(k): v for k, v in att.refused.items()},
-                          "no_reply": sorted(set(att.sent.values()) - set(att.accepted) - set(att.rejected))})
-            if att.sites:
-                entry["sites"] = dict(att.sites)
-            if new is not None:
-                return new, metrics
-            failures.append(att.failure)
-            log.warning("round %d attempt %d failed: %s", rnd, number, att.failure)
-        if too_few == self.max_attempts and fatal:
-            # Never enough clients for this rule and f: that is the configuration, not an attack.
-            raise self._fail(f"round {rnd}: {failures[-1]}; lower f, use another rule or add clients")
-        entry["skipped"] = failures[-1] if failures else "no attempt"
+                why = att.failure
+            else:
+                replies = self._collect(grid, msgs, q, att.deadline_s, att.t0, measure=True)
+                new, metrics = self.aggregate_train(rnd, replies)
+                got = metrics.get("usable", 0) if metrics is not None else 0
+                usable = int(got) if isinstance(got, (int, float)) else 0
+                entry.update({"clients": sorted(att.sent.values()), "accepted": att.accepted,
+                              "rejected": dict(att.rejected), "attempt": number,
+                              "refused_nodes": {str(k): v for k, v in att.refused.items()},
+                              "no_reply": sorted(set(att.sent.values()) - set(att.accepted) - set(att.rejected)),
+                              "replies": usable, "quorum": q, "deadline_s": round(att.deadline_s, 1),
+                              "reply_s": [round(x, 3) for x in self._measured]})
+                if att.sites:
+                    entry["sites"] = dict(att.sites)
+                if new is not None:
+                    if retried:
+                        entry["retried"] = retried
+                    self._status.update(replies=usable, retries=len(retried))
+                    return new, metrics
+                if usable < q:
+                    # a longer deadline helps only when someone did not answer in time
+                    starved += 1 if att.answered < len(att.sent) else 0
+                    bad = att.answered - usable
+                    why = (f"{starved_line(usable, len(att.sent), att.deadline_s)} (quorum {q}"
+                           f"{f', {bad} unusable' if bad else ''})")
+                else:
+                    why = att.failure
+            failures.append(why)
+            if number < self.max_attempts:
+                retried.append(why)
+                self._status.update(retries=len(retried), retried=why)
+                log.warning("round %d retried: %s", rnd, why)
+            else:
+                log.warning("round %d attempt %d failed: %s", rnd, number, why)
+            self._progress(rnd, number, f"round {rnd} attempt {number}: {why}"
+                           f"{'; retrying' if number < self.max_attempts else ''}", connected, att.sent.values())
+        if retried:
+            entry["retried"] = retried
+        last = failures[-1] if failures else "no attempt"
+        if fatal:
+            if too_few == self.max_attempts:  # never enough clients for this rule and f: the configuration
+                raise self._fail(f"round {rnd}: {last}; lower f, use another rule or add clients")
+            raise self._fail(f"round {rnd} failed {self.max_attempts} attempts, last: {last}; the model is "
+                             f"unchanged since round {rnd - 1} and nothing was released")
+        entry["skipped"] = last
         log.error("round %d skipped, the model is unchanged: %s", rnd, entry["skipped"])
         return None, metrics
 
@@ -866,18 +944,26 @@ class RobustStrategy(Strategy):
             return {"round": rnd, "error": str(exc)}
         if self.work_dir is None:
             self.work_dir = self.checkpoint_dirs[0] if self.checkpoint_dirs else Path.cwd() / "fogline-run"
+        out = self.work_dir / RELEASES_DIR
+        sha = sha256_hex(blob)
+        last = self._released if self._released is not None else latest_release(out, self.release.name)
+        if last is not None and last[1] == sha:  # the same bytes under a new number would claim training happened
+            log.info("round %d: the model is unchanged since %s v%d (%s): not released", rnd, self.release.name,
+                     last[0], sha[:12])
+            self._released = last
+            return {"round": rnd, "unchanged": True, "version": last[0], "sha256": sha}
         ident = self.signing_key
         if not isinstance(ident, Identity):
             ident = (Identity.load("coordinator", ident) if ident is not None else
                      Identity.load_or_create("coordinator", self.work_dir / CHECKPOINT_KEY))
             self.signing_key = ident
-        out = self.work_dir / RELEASES_DIR
         version = version_for(out, self.release.name, rnd)
         server = entry.get("server") or {}
         meta = {"round": str(rnd), **{str(k): str(v) for k, v in self.release.metadata.items()},
                 **({"accuracy": f"{float(server['accuracy']):.4f}"} if "accuracy" in server else {})}
         rel = build_release(blob, ident, self.release.name, version, meta)
         path = write_release(out, rel)
+        self._released = (version, rel.sha256)
         log.info("released %s v%d (%s, %d bytes)", rel.workload, version, rel.sha256[:12], len(blob))
         return {"round": rnd, "version": version, "sha256": rel.sha256, "path": str(path), "bytes": len(blob),
                 "signer": rel.signer, "inputs": info["inputs"]}

@@ -19,6 +19,7 @@ from .registry import (
     Aggregator,
     describe,
     get_rule,
+    quorum,
     robust_default,
 )
 from .rules import (
@@ -37,6 +38,6 @@ __all__ = [
     "AggregateResult", "AggregationError", "Aggregator", "DEFAULT_RULE", "Mixed",
     "PREAGGREGATORS", "RULES", "bucketing", "bulyan", "centered_clipping", "coordinate_median",
     "describe", "direct_sq_distances", "geometric_median", "get_rule", "krum", "krum_scores",
-    "mean", "multi_krum", "nnm", "norm_clip", "pairwise_sq_distances", "robust_default",
+    "mean", "multi_krum", "nnm", "norm_clip", "pairwise_sq_distances", "quorum", "robust_default",
     "row_norms", "trimmed_mean", "workers",
 ]

@@ -25,7 +25,7 @@ from .preagg import bucketing_matrix, groups_of, nnm_matrix
 
 __all__ = [
     "RULES", "PREAGGREGATORS", "DEFAULT_RULE", "Aggregator", "get_rule", "robust_default",
-    "describe",
+    "describe", "quorum",
 ]
 
 RuleFn = Callable[..., AggregateResult]
@@ -90,6 +90,13 @@ def _check_options(name: str, kw: dict[str, Any]) -> None:
     for k, v in kw.items():
         if k in checks and not checks[k](v):
             raise AggregationError(f"{name}: invalid value for option {k}: {v!r}")
+
+
+def quorum(rule_min: int, min_replies: int | None = None, min_nodes: int = 1) -> int:
+    """Usable replies a round needs to count: the rule's minimum for its ``f`` (``Aggregator.min_clients``:
+    2f+3 for Krum, 2f+1 for trimmed mean and median, ...), raised by the run's ``min_replies`` and
+    ``min_nodes`` (a strategy's ``min_train_nodes``); never below the rule's minimum, never below 1."""
+    return max(int(rule_min), int(min_replies or 0), int(min_nodes or 0), 1)
 
 
 class Aggregator:

@@ -109,14 +109,17 @@ def test_malformed_replies_are_counted_never_fatal() -> None:
     assert np.all(np.abs(_flat(res.arrays) - 0.5) < 0.1)
 
 
-def test_nan_client_with_trimmed_mean_n3_is_a_failed_attempt_not_a_crash(tmp_path: Path) -> None:
-    # issue 10 finding 14: one NaN client, trimmed_mean f=1, n=3
+def test_nan_client_with_trimmed_mean_n3_is_retried_then_stops_loudly(tmp_path: Path) -> None:
+    # issue 10 finding 14: one NaN client, trimmed_mean f=1, n=3 -- a failed aggregation never crashes;
+    # issue 28: nor does it count as a round (the model would be released untrained)
     g = _grid(3, byz={2: "nan"})
-    res = _strategy(checkpoint_dirs=[tmp_path], max_attempts=2).start(grid=g, initial_arrays=_init(), num_rounds=2)
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert [h.get("skipped", "") != "" for h in report["history"]] == [True, True]
-    assert "needs n >= 3 updates for f=1, got n=2" in report["history"][0]["skipped"]
-    assert np.all(_flat(res.arrays) == 0.0)  # the model was kept, the loop went on
+    with pytest.raises(RunFailed) as info:
+        _strategy(checkpoint_dirs=[tmp_path], max_attempts=2).start(grid=g, initial_arrays=_init(), num_rounds=2)
+    assert "round 1 failed 2 attempts" in str(info.value) and "needs n >= 3 updates for f=1, got n=2" in str(info.value)
+    assert json.loads((tmp_path / "fatal.json").read_text())["error"] == str(info.value)
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["round"] == 1 and progress["retries"] == 1 and "got n=2" in progress["retried"]
+    assert not (tmp_path / "report.json").exists() and not list(tmp_path.glob("ckpt-*"))
 
 
 def test_f_too_large_for_the_clients_is_one_line_and_nothing_lost(tmp_path: Path) -> None:

@@ -129,5 +129,5 @@ def test_every_attempt_leaves_a_heartbeat_naming_what_it_waits_for(tmp_path: Pat
     g.add(pull_client(np.float32(3)))
     s.train_round(g, 2, _init(), ConfigRecord())
     doc = json.loads((tmp_path / PROGRESS_FILE).read_text())
-    assert doc["waiting"] == "round 2 attempt 1: waiting for replies of 3 nodes (quorum 3)"
+    assert doc["waiting"] == "round 2 attempt 1: waiting for replies of 3 nodes (quorum 3, deadline 0.5 s)"
     assert doc["eligible"] == sorted(f"node-{n}" for n in g.nodes)
