@@ -251,7 +251,7 @@ class FogClient:
     def control(self, action: str, body: Mapping[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
         rid = uuid.uuid4().hex
         req = ControlRequest(rid, action, self.reply_topic, json.dumps(dict(body or {})).encode())
-        reply = self._await(rid, self._seal(req), self.topics.control(), timeout)
+        reply = self._await(rid, self._seal(req), self.topics.control(self.client_id), timeout)
         if not isinstance(reply, ControlReply):
             raise ControlError(f"unexpected answer {type(reply).__name__}")
         if not reply.ok:
@@ -292,7 +292,7 @@ class FogClient:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
                                {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
-        res = self._await(rid, self._seal(req), self.topics.infer(), timeout + 2.0)
+        res = self._await(rid, self._seal(req), self.topics.infer(self.client_id), timeout + 2.0)
         if isinstance(res, ControlReply) and not res.ok:
             raise InferenceError(res.error)
         if not isinstance(res, InferenceResult):
@@ -304,7 +304,7 @@ class FogClient:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
                                {k: np.ascontiguousarray(v) for k, v in tensors.items()}, float(timeout))
-        return self._post(rid, self._seal(req), self.topics.infer())
+        return self._post(rid, self._seal(req), self.topics.infer(self.client_id))
 
     def stream_results(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
                        window: int = 8, timeout: float = 5.0) -> Iterator[InferenceResult]:
