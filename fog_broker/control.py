@@ -93,7 +93,8 @@ class ControlPlane:
         self._logs = LogLimit()  # MQTT worker: lines about refused copies, per sender
         self._owner_logs = LogLimit()  # owner thread: refusals after a signature check, per sender
         # written by the MQTT worker only; seeded so the owner thread may iterate the dict meanwhile
-        self.counters.update({"limited:over budget": 0, "limited:quarantined": 0, "rejected:signer not topic": 0})
+        self.counters.update({"limited:over budget": 0, "limited:quarantined": 0, "rejected:signer not topic": 0,
+                              "rejected:replayed copy": 0})
 
     def set_identities(self, identities: Mapping[str, tuple[str, bytes]]) -> None:
         """Replace who may sign requests (name -> (role, key)); called when trust.db changes."""
@@ -124,16 +125,19 @@ class ControlPlane:
             return False
         return True
 
-    def charge(self, sender: str, kind: str, now: float) -> None:
-        """MQTT worker: a request on ``sender``'s topic that ``sender`` did not sign; dropped, counted
-        against ``sender`` (the identity the broker authenticated), and logged rate-limited."""
-        self.counters["rejected:signer not topic"] += 1
+    def charge(self, sender: str, kind: str, now: float, why: str = "") -> None:
+        """MQTT worker: a bad request on ``sender``'s topic (``why``: signed by someone else, a replayed
+        copy; "": refused after its check), counted against ``sender`` (the identity the broker
+        authenticated) as a drop; the unchecked ones are counted and logged rate-limited."""
         who = sender if sender in self.keys else _STRANGER
         if self.share is not None:
             self.share.charge(who, kind, now)
+        if not why:
+            return
+        self.counters[f"rejected:{why}"] += 1
         if self._logs.allow(who, now):
             held = self._logs.suppressed(who)
-            log.warning("%s: %s request signed by someone else, dropped%s", who, kind,
+            log.warning("%s: %s request dropped unchecked: %s%s", who, kind, why,
                         f" ({held} more since the last line)" if held else "")
 
     def limits(self, now: float) -> dict[str, Any]:
@@ -165,11 +169,15 @@ class ControlPlane:
             reason = getattr(exc, "reason", "malformed")
             self.counters[f"rejected:{reason}"] += 1
             self._warn(env.sender[:64], f"request from {env.sender[:64]} refused: {exc}")
+            if sender is not None:
+                self.svc.refused(CTL if action is None else INFER, sender)
             self._refuse(env, f"request refused: {reason}")
             return None
         if action is not None and not may_control(self.roles.get(env.sender, ""), action):
             self.counters["rejected:no right"] += 1
             self._warn(env.sender, f"{env.sender} ({self.roles.get(env.sender)}) may not {action}; refused")
+            if sender is not None:
+                self.svc.refused(INFER if action == "infer" else CTL, sender)
             self._refuse(env, f"{env.sender} ({self.roles.get(env.sender, 'unknown')}) may not {action}")
             return None
         return inner

@@ -206,15 +206,18 @@ class Ingest:
             return False
         return True
 
-    def charge(self, device_id: str, kind: str, now: float) -> None:
-        """MQTT worker: a ``kind`` frame on ``device_id``'s topic signed by someone else; counted
-        against ``device_id`` (who the broker authenticated) and dropped."""
-        self.counters["rejected:signer not topic"] += 1
+    def charge(self, device_id: str, kind: str, now: float, why: str = "") -> None:
+        """MQTT worker: a bad ``kind`` frame on ``device_id``'s topic (``why``: signed by someone else, a
+        replayed copy; "": refused after its check), counted against ``device_id`` (who the broker
+        authenticated) as a drop; the unchecked ones are counted and logged rate-limited."""
         if self.share is not None and device_id in self.trust:
             self.share.charge(device_id, kind, now)
+        if not why:
+            return
+        self.counters[f"rejected:{why}"] += 1
         if self._logs.allow(device_id, now):
             held = self._logs.suppressed(device_id)
-            log.warning("%s: %s signed by someone else, dropped%s", device_id, kind,
+            log.warning("%s: %s dropped unchecked: %s%s", device_id, kind, why,
                         f" ({held} more since the last line)" if held else "")
 
     def _limited(self, device_id: str, kind: str, verdict: str, now: float) -> None:

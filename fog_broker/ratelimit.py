@@ -13,14 +13,15 @@ from runtime.ratelimit import (
     OVER,
     QUARANTINED,
     Budget,
+    Copies,
     FairShare,
     LogLimit,
     RateLimit,
     SharePolicy,
 )
 
-__all__ = ["BULK", "LIVE", "OVER", "QUARANTINED", "Budget", "FairShare", "LogLimit", "RateLimit", "SharePolicy",
-           "acl_shut_out"]
+__all__ = ["BULK", "LIVE", "OVER", "QUARANTINED", "Budget", "Copies", "FairShare", "LogLimit", "RateLimit",
+           "SharePolicy", "acl_shut_out"]
 
 
 def acl_shut_out(acl: str, names: Set[str]) -> str:

@@ -72,7 +72,7 @@ from .control import MAX_REQUEST_BYTES, ControlPlane, misaddressed
 from .controller import ControllerConfig, DeployPartition, Persist, UndeployPartition
 from .ingest import DEVICE_SHARE, RESULT, Ingest
 from .placement.model import Quota
-from .ratelimit import acl_shut_out
+from .ratelimit import Copies, acl_shut_out
 from .releases import ReleaseBook
 from .router import ReplyClient, SendActivation
 from .site import Site
@@ -175,6 +175,10 @@ class FogService:
         # The devices' verified liveness traffic (adverts, births, deaths, acks): taken ahead of the
         # inbox, so a queue of control, inference or results never delays a device's states.
         self._live: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Inputs the owner thread refused after their check (bad signature, replayed, no right):
+        # charged to their topic's sender by the MQTT worker, which owns the budgets.
+        self._charges: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._copies = Copies()  # MQTT worker: a second copy of a signed input is dropped unchecked
         self._local: dict[str, Future[InferenceResult]] = {}  # in-process requests awaiting the router
         # Trust: enrolled devices (ingest, results), operators (control), coordinators (releases).
         self.device_keys = TrustStore()
@@ -411,6 +415,8 @@ class FogService:
         """Control, releases, inference requests and results: charged to the topic's sender and decoded
         under tight budgets here, authenticated on the owner thread (which holds the keys and windows)."""
         topic = m.topic
+        while not self._charges.empty():  # the one taker: not empty -> get_nowait succeeds
+            self._charge(*self._charges.get_nowait(), m.received_at)
         kind, sender = self._sender_of(topic)
         if kind == _RELEASE and m.retain:
             # releases are never retained: a retained one would come back at every restart
@@ -440,12 +446,23 @@ class FogService:
             return
         if kind != _RELEASE and msg.sender != sender:
             # signed (or claiming to be) by someone other than who the broker let write this topic
-            if kind == RESULT:
-                self.ingest.charge(sender, kind, m.received_at)
-            else:
-                self.control.charge(sender, kind, m.received_at)
+            self._charge(kind, sender, m.received_at, "signer not topic")
+            return
+        if kind != _RELEASE and sender != self.config.fog_id and self._copies.seen(sender, msg.signature):
+            self._charge(kind, sender, m.received_at, "replayed copy")  # a replay, however slow: no second check
             return
         self._put(("other", kind, msg, m.received_at))
+
+    def _charge(self, kind: str, sender: str, now: float, why: str = "") -> None:
+        """MQTT worker: one bad input on ``sender``'s topic, counted against ``sender`` as a drop."""
+        if kind == RESULT:
+            self.ingest.charge(sender, kind, now, why)
+        else:
+            self.control.charge(sender, kind, now, why)
+
+    def refused(self, kind: str, sender: str) -> None:
+        """Owner thread: an input on ``sender``'s topic failed its check; charge it (MQTT worker)."""
+        self._charges.put((kind, sender))
 
     # ------------------------------------------------------------ owner thread
 
@@ -734,6 +751,7 @@ class FogService:
             res = self.results.verify_only(env)
         except SecurityError as exc:
             self.counters[f"rejected:result {exc.reason}"] += 1
+            self.refused(RESULT, env.sender)
             return
         if not isinstance(res, InferenceResult):
             self.counters["rejected:wrong kind"] += 1

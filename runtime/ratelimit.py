@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BULK", "LIVE", "OVER", "QUARANTINED", "Budget", "FairShare", "LogLimit", "RateLimit", "SharePolicy"]
+__all__ = ["BULK", "LIVE", "OVER", "QUARANTINED", "Budget", "Copies", "FairShare", "LogLimit", "RateLimit",
+           "SharePolicy"]
 
 
 class RateLimit:
@@ -235,3 +236,32 @@ class LogLimit:
 
     def suppressed(self, key: str) -> int:
         return self._held.pop(key, 0)
+
+
+class Copies:
+    """Signatures each sender sent lately: a second copy of a signed message is a replay, whatever its
+    rate, so it is dropped (and charged to its sender) without a second signature check.
+
+    Bounded: the last ``per_sender`` signatures of at most ``max_senders`` senders. One thread.
+    """
+
+    def __init__(self, per_sender: int = 1024, max_senders: int = 10_000) -> None:
+        self.per_sender, self.max_senders = per_sender, max_senders
+        self._seen: dict[str, dict[bytes, None]] = {}
+
+    def seen(self, sender: str, signature: bytes) -> bool:
+        """True if ``sender`` sent ``signature`` before (within memory); else remember it."""
+        sigs = self._seen.get(sender)
+        if sigs is None:
+            if len(self._seen) >= self.max_senders:
+                self._seen.pop(next(iter(self._seen)))
+            sigs = self._seen[sender] = {}
+        if signature in sigs:
+            return True
+        sigs[signature] = None
+        if len(sigs) > self.per_sender:
+            del sigs[next(iter(sigs))]
+        return False
+
+    def forget(self, sender: str) -> None:
+        self._seen.pop(sender, None)

@@ -149,3 +149,14 @@ def test_a_quarantined_sender_keeps_its_reads_and_loses_its_writes_in_the_acl() 
         share.admit("evil", "STATE", 0.0)
     assert share.shut_out(1.0) == {"evil"} and share.shut_out(61.0) == frozenset()
     assert share.reason("evil").startswith("flooding: ") and share.reason("nobody") == ""
+
+
+def test_a_second_copy_of_a_signature_is_a_replay_per_sender_and_bounded() -> None:
+    from runtime.ratelimit import Copies
+    c = Copies(per_sender=2, max_senders=2)
+    assert [c.seen("a", b"s1"), c.seen("a", b"s1"), c.seen("b", b"s1")] == [False, True, False]
+    c.seen("a", b"s2")
+    c.seen("a", b"s3")  # the oldest of a's (s1) is forgotten
+    assert not c.seen("a", b"s1")
+    c.seen("c", b"x")   # a third sender: the oldest sender's memory goes
+    assert len(c._seen) == 2
