@@ -178,7 +178,8 @@ class FogService:
         # Inputs the owner thread refused after their check (bad signature, replayed, no right):
         # charged to their topic's sender by the MQTT worker, which owns the budgets.
         self._charges: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
-        self._copies = Copies()  # MQTT worker: a second copy of a signed input is dropped unchecked
+        # MQTT worker: a second copy of a signed input is dropped unchecked (the last 128 per known sender)
+        self._copies = Copies(per_sender=128, max_senders=4096)
         self._local: dict[str, Future[InferenceResult]] = {}  # in-process requests awaiting the router
         # Trust: enrolled devices (ingest, results), operators (control), coordinators (releases).
         self.device_keys = TrustStore()
@@ -448,10 +449,15 @@ class FogService:
             # signed (or claiming to be) by someone other than who the broker let write this topic
             self._charge(kind, sender, m.received_at, "signer not topic")
             return
-        if kind != _RELEASE and sender != self.config.fog_id and self._copies.seen(sender, msg.signature):
+        if kind != _RELEASE and sender != self.config.fog_id and self._known(kind, sender) \
+                and self._copies.seen(sender, msg.signature):
             self._charge(kind, sender, m.received_at, "replayed copy")  # a replay, however slow: no second check
             return
         self._put(("other", kind, msg, m.received_at))
+
+    def _known(self, kind: str, sender: str) -> bool:
+        """An identity the fog issued or enrolled (only those get a memory of copies: bounded)."""
+        return sender in (self.device_keys if kind == RESULT else self.control.keys)
 
     def _charge(self, kind: str, sender: str, now: float, why: str = "") -> None:
         """MQTT worker: one bad input on ``sender``'s topic, counted against ``sender`` as a drop."""
