@@ -9,8 +9,9 @@ highest fog epoch seen (an old fog STATE cannot be replayed either). The
 Will and the orderly-stop DEATH are envelopes sealed by this device.
 
 Threads: paho's network thread (enqueues only), the MqttClient worker
-(decodes activations and hands them to the executor; forwards everything
-else), the agent loop (sole owner of the advertiser, the verifier, the
+(charges each activation to the device its topic names, ``dev/{us}/ACT/{src}``,
+which the broker lets only ``src`` write, then decodes it and hands it to the
+executor; forwards everything else), the agent loop (sole owner of the advertiser, the verifier, the
 cache and the epoch: it handles control messages and probes on a timer),
 and the executor's workers (started on the first deploy).
 
@@ -53,6 +54,7 @@ from runtime.messages import (
     Undeploy,
 )
 from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will
+from runtime.ratelimit import OVER, QUARANTINED, Budget, FairShare, LogLimit, SharePolicy
 from runtime.relay import Sealer
 from runtime.security import (
     Identity,
@@ -78,6 +80,13 @@ from .stats import LinkEstimator
 __all__ = ["AgentConfig", "Agent", "Probe", "Phase", "KEY_FILE", "load_identity"]
 
 log = logging.getLogger(__name__)
+
+# Per sending device: a request crosses each cut once, so an honest neighbour sends at most our
+# serving rate; well above any device's. Past it frames are dropped before any check; a sender
+# with 500 dropped or bad frames within 10 s is shut out for 60 s (the fog also sees it quarantined
+# when it floods the fog; here only its frames to us stop).
+ACTIVATION_SHARE = SharePolicy(limits={ACT: Budget(500.0, 1000.0)}, quarantine_drops=500, window_s=10.0,
+                               quarantine_s=60.0, max_identities=4096)
 
 KEY_FILE = "agent.key"
 EPOCH_FILE = "epoch"
@@ -189,6 +198,10 @@ class Agent:
         self.executor = Executor(cfg.device_id, self.topics, self._publish_data, Sealer(self.identity),
                                  intra_op_threads=cfg.intra_op_threads, workers=cfg.workers,
                                  queue_size=cfg.queue_size, slowdown=cfg.slowdown)
+        # Activations per sending device (the topic's id): one device replaying or forging frames at us
+        # is dropped unchecked over its budget and then shut out for a while; others are unaffected.
+        self._act_share = FairShare(ACTIVATION_SHARE)  # the MQTT worker thread only
+        self._act_logs = LogLimit()
         # Replayed activation frames (same ticket and hop) are dropped; bounded memory.
         self._seen_frames: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._frames_lock = threading.Lock()
@@ -233,7 +246,7 @@ class Agent:
         self.client.subscribe(t.fog_state(), self._enqueue)
         self.client.subscribe(t.rebirth(), self._enqueue)
         self.client.subscribe(t.device(cfg.device_id, CMD), self._enqueue)
-        self.client.subscribe(t.device(cfg.device_id, ACT), self._on_activation)
+        self.client.subscribe(t.activation(cfg.device_id, "+"), self._on_activation)
         self.client.subscribe(t.time(), self._enqueue)
         self.client.on_connected.append(lambda: self._inbox.put(("connected", None)))
         self.client.on_connected.append(self.lane.reset)  # the old connection's acks may never come
@@ -311,23 +324,47 @@ class Agent:
         return time.time() + self.clock_skew
 
     def _on_activation(self, m: Inbound) -> None:
-        """A data-plane frame: fog-signed route, sealed by the previous hop (``runtime.relay``)."""
+        """A data-plane frame: fog-signed route, sealed by the previous hop (``runtime.relay``).
+
+        Charged first to the device the topic names (no decode, no signature check over its
+        budget); a frame that fails its checks is charged to it too, so a device that keeps
+        sending bad or replayed frames is shut out. The fog's own frames (hop 0) are not limited."""
+        src = m.topic.rpartition("/")[2]
+        now = m.received_at
+        fog = self.fog_info.fog_id if self.fog_info is not None else self.fog_id
+        limited = src != fog
+        if limited:
+            verdict = self._act_share.admit(src, ACT, now)
+            if verdict in (OVER, QUARANTINED):
+                self._count(f"limited activation: {verdict}")
+                self._act_warn(src, now, f"activations from {src} {verdict}: dropped unchecked")
+                return
         try:
             act = relay.open_relay(m.payload, self.fog_key, self.device_id, self.wall(),
-                                   max_size=self.cfg.max_command_bytes)
+                                   max_size=self.cfg.max_command_bytes, sender=src)
         except RemoteViolation as exc:
             self._count(f"rejected activation: {getattr(exc, 'reason', 'malformed')}")
-            log.warning("%s: activation refused: %s", self.device_id, exc)
+            if limited:
+                self._act_share.charge(src, ACT, now)
+            self._act_warn(src, now, f"activation from {src} refused: {exc}")
             return
         tag = act.ticket_sig + act.hop.to_bytes(4, "little")
         with self._frames_lock:
             if tag in self._seen_frames:
                 self._count("rejected activation: replayed")
+                if limited:
+                    self._act_share.charge(src, ACT, now)
                 return
             self._seen_frames[tag] = None
             if len(self._seen_frames) > 4096:
                 self._seen_frames.popitem(last=False)
         self.executor.submit(act)
+
+    def _act_warn(self, src: str, now: float, text: str) -> None:
+        """At most about a line a second per sending device (the MQTT worker thread)."""
+        if self._act_logs.allow(src, now):
+            held = self._act_logs.suppressed(src)
+            log.warning("%s: %s%s", self.device_id, text, f" ({held} more since the last line)" if held else "")
 
     def _count(self, what: str) -> None:
         with self._count_lock:

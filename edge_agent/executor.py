@@ -25,7 +25,7 @@ from runtime import activations
 from runtime.errors import RemoteViolation
 from runtime.messages import Activation, InferenceResult, PartitionStatus
 from runtime.relay import Sealer
-from runtime.topics import ACT, Topics, parse
+from runtime.topics import Topics, parse
 
 from .probes.providers import best as best_providers
 from .stats import LatencyWindow
@@ -338,7 +338,7 @@ class Executor:
             if next_device == self.device_id:
                 self.submit(fwd)  # next partition is here too: skip the broker round trip
             else:
-                self._publish(self.topics.device(next_device, ACT), self._sealer.relay(fwd))
+                self._publish(self.topics.activation(next_device, self.device_id), self._sealer.relay(fwd))
             return
         self.answered += 1
         self._reply(act, InferenceResult(act.request_id, True, outputs, "", self.device_id, hop.replica, elapsed))
@@ -351,20 +351,29 @@ class Executor:
                                          self.device_id, hop.replica if hop else 0, 0.0))
 
     def _reply(self, act: Activation, result: InferenceResult) -> None:
-        if not valid_reply_topic(act.reply_to, self.topics):
+        client = reply_client(act.reply_to, self.topics)
+        if client is None:
             self.undeliverable += 1
             log.warning("%s: request %s has an unusable reply_to %r", self.device_id, act.request_id,
                         act.reply_to[:80])
             return
         with self._seal_lock:  # workers reply concurrently; the sealer's seq is not thread-safe
             sealed = self._sealer.result(result, time.time())
-        self._publish(act.reply_to, sealed)
+        self._publish(self.topics.result(client, self.device_id), sealed)  # under our own id (the ACL)
+
+
+def reply_client(topic: str, topics: Topics) -> str | None:
+    """The client a ``reply/{client}`` topic of our own site names (we answer it on
+    ``reply/{client}/{us}``); None for any other topic."""
+    try:
+        parsed = parse(topic)
+    except RemoteViolation:
+        return None
+    if parsed.scope != "reply" or parsed.site != topics.site or parsed.sender:
+        return None
+    return parsed.name
 
 
 def valid_reply_topic(topic: str, topics: Topics) -> bool:
     """Replies go only to ``reply/{client}`` topics of our own site (activations are unsigned)."""
-    try:
-        parsed = parse(topic)
-    except RemoteViolation:
-        return False
-    return parsed.scope == "reply" and parsed.site == topics.site
+    return reply_client(topic, topics) is not None

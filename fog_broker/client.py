@@ -288,7 +288,7 @@ class FogClient:
     def control(self, action: str, body: Mapping[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
         rid = uuid.uuid4().hex
         req = ControlRequest(rid, action, self.reply_topic, json.dumps(dict(body or {})).encode())
-        reply = self._await(rid, self._seal(req), self.topics.control(), timeout)
+        reply = self._await(rid, self._seal(req), self.topics.control(self.client_id), timeout)
         if not isinstance(reply, ControlReply):
             raise ControlError(f"unexpected answer {type(reply).__name__}")
         if not reply.ok:
@@ -336,7 +336,7 @@ class FogClient:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
                                {k: np.ascontiguousarray(v) for k, v in tensors.items()}, t, stream)
-        res = self._await(rid, self._seal(req), self.topics.infer(), (t or _MAX_WAIT_S) + 2.0)
+        res = self._await(rid, self._seal(req), self.topics.infer(self.client_id), (t or _MAX_WAIT_S) + 2.0)
         if isinstance(res, ControlReply) and not res.ok:
             raise InferenceError(res.error)
         if not isinstance(res, InferenceResult):
@@ -348,7 +348,7 @@ class FogClient:
         rid = uuid.uuid4().hex
         req = InferenceRequest(rid, workload, self.reply_topic,
                                {k: np.ascontiguousarray(v) for k, v in tensors.items()}, _timeout(timeout))
-        return self._post(rid, self._seal(req), self.topics.infer())
+        return self._post(rid, self._seal(req), self.topics.infer(self.client_id))
 
     def stream_results(self, workload: str, frames: Iterable[Mapping[str, np.ndarray]], *,
                        window: int = 8, timeout: float = 5.0) -> Iterator[InferenceResult]:

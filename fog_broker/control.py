@@ -6,13 +6,16 @@ fresh (timestamp window, per-sender replay window) and within the signer's
 role (``trust.CONTROL_RIGHTS``); keys are never read from a request. Replies
 go only to the signer's own reply topic, sealed by the fog.
 
-Fair share: ``admit`` runs on the MQTT worker before a ``fog/CTL`` request is
-queued for the owner thread (before its signature is checked): each issued
-identity has its own budget (``CONTROL_SHARE``), every name the fog did not
-issue shares one, and an identity that keeps flooding is quarantined for a
-while, so one app hammering the topic does not delay anyone else's status.
-MQTT does not tell the fog who published, so the budget is the claimed
-signer's: a forger can spend the budget of a name it claims, never the others'.
+Fair share: ``admit`` runs on the MQTT worker before a request on
+``fog/CTL/{sender}`` or ``fog/INFER/{sender}`` is decoded or queued for the owner
+thread (so before its signature is checked). The budget is the topic's sender's:
+the broker's ACL lets only that identity write under its own name, so a request
+is charged, throttled and (if its sender keeps flooding) quarantined in the name
+of the identity mosquitto authenticated, never a name inside the payload. A
+payload signed by anyone else than its topic's sender is dropped and charged
+to the topic's sender (``charge``). Each issued identity has its own budget per
+kind (``CONTROL_SHARE``); a topic naming no issued identity (only the fog could
+write one) shares one budget.
 """
 from __future__ import annotations
 
@@ -30,25 +33,25 @@ from runtime.errors import DecodeError, RemoteViolation, SecurityError
 from runtime.ids import is_id
 from runtime.messages import ControlReply, ControlRequest, Envelope
 from runtime.security import TrustStore, Verifier
+from runtime.topics import CTL, INFER
 
 from .placement.model import Quota, SpecError, Workload
-from .ratelimit import OVER, QUARANTINED, Budget, FairShare, RateLimit, SharePolicy
+from .ratelimit import OVER, QUARANTINED, Budget, FairShare, LogLimit, RateLimit, SharePolicy
 from .site_core import RemoveWorkload, SetQuotas, SetWorkload
 from .trust import deploy_ref_allowed, may_control
 
 if TYPE_CHECKING:
     from .shell import FogShell as FogService
 
-__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "claimed_sender", "json_default", "misaddressed",
-           "refusal_id"]
+__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "json_default", "misaddressed", "refusal_id"]
 
 MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
 # Per identity: a client polling status (`wait_running`: ~10/s), the site page and a deploy script
-# stay well within it; a flood of thousands a second is quarantined within a fraction of a second.
-CONTROL_SHARE = SharePolicy(limits={"CTL": Budget(20.0, 100.0)}, quarantine_drops=400, window_s=10.0,
-                            quarantine_s=60.0, max_identities=10_000)
-_STRANGER = "?"  # the one budget of every name the fog did not issue
-_SENDER_KEYS = frozenset(bytes([0x80 + n]) + b"\xa6sender" for n in range(1, 16))  # fixmap, "sender"
+# stay well within the control budget; an app's inference requests over MQTT within the infer one.
+# A flood of thousands a second is quarantined within a fraction of a second.
+CONTROL_SHARE = SharePolicy(limits={CTL: Budget(20.0, 100.0), INFER: Budget(1000.0, 2000.0)}, quarantine_drops=400,
+                            window_s=10.0, quarantine_s=60.0, max_identities=10_000)
+_STRANGER = "?"  # the one budget of every topic id the fog did not issue
 
 log = logging.getLogger("fog_broker.control")
 
@@ -61,25 +64,6 @@ def misaddressed(request: Any, kind: type[Any], own_reply_topic: str) -> str | N
     if request.reply_to != own_reply_topic:
         return "reply_to"
     return None
-
-
-def claimed_sender(frame: bytes) -> str:
-    """The sender an encoded envelope names, read where ``codec.encode`` puts it; "" if it is not there.
-
-    A routing hint for the budget, never trusted (the signature is checked later): a full
-    ``codec.decode_envelope`` costs ~50 us, this a few slices. Layout: ``FGL\x01`` u32 |
-    ``["env", version, {"sender": str, ...}]``.
-    """
-    if frame[8:13] != b"\x93\xa3env" or frame[14:22] not in _SENDER_KEYS:
-        return ""
-    b = frame[22] if len(frame) > 22 else -1
-    if 0xA0 <= b <= 0xBF:  # fixstr
-        n, at = b & 0x1F, 23
-    elif b == 0xD9 and len(frame) > 23:  # str8
-        n, at = frame[23], 24
-    else:
-        return ""
-    return frame[at:at + n].decode("ascii", "replace") if len(frame) >= at + n else ""
 
 
 def refusal_id(env: Envelope) -> str:
@@ -106,8 +90,11 @@ class ControlPlane:
         self.counters: Counter[str] = Counter()
         self._refusals: dict[str, RateLimit] = {}  # claimed sender -> its refusal budget
         self.share: FairShare | None = FairShare(CONTROL_SHARE)  # MQTT worker thread (see admit)
+        self._logs = LogLimit()  # MQTT worker: lines about refused copies, per sender
+        self._owner_logs = LogLimit()  # owner thread: refusals after a signature check, per sender
         # written by the MQTT worker only; seeded so the owner thread may iterate the dict meanwhile
-        self.counters.update({"limited:over budget": 0, "limited:quarantined": 0})
+        self.counters.update({"limited:over budget": 0, "limited:quarantined": 0, "rejected:signer not topic": 0,
+                              "rejected:replayed copy": 0})
 
     def set_identities(self, identities: Mapping[str, tuple[str, bytes]]) -> None:
         """Replace who may sign requests (name -> (role, key)); called when trust.db changes."""
@@ -122,16 +109,36 @@ class ControlPlane:
                 self.verifier.forget(name)
             self.roles[name] = role
 
-    def admit(self, frame: bytes, now: float) -> bool:
-        """MQTT worker, before any decode: may this ``fog/CTL`` frame be queued? (False: dropped, counted.)"""
+    def admit(self, sender: str, kind: str, now: float) -> bool:
+        """MQTT worker, before any decode: may a ``kind`` request on ``sender``'s topic be queued?
+        (False: dropped and counted, no signature check.) ``sender`` is the topic's id."""
         if self.share is None:
             return True
-        sender = claimed_sender(frame)
-        verdict = self.share.admit(sender if sender in self.keys else _STRANGER, "CTL", now)
+        who = sender if sender in self.keys else _STRANGER
+        verdict = self.share.admit(who, kind, now)
         if verdict in (OVER, QUARANTINED):
             self.counters[f"limited:{verdict}"] += 1
+            if self._logs.allow(who, now):
+                held = self._logs.suppressed(who)
+                log.warning("%s: %s requests %s, dropped unchecked%s", who, kind, verdict,
+                            f" ({held} more since the last line)" if held else "")
             return False
         return True
+
+    def charge(self, sender: str, kind: str, now: float, why: str = "") -> None:
+        """MQTT worker: a bad request on ``sender``'s topic (``why``: signed by someone else, a replayed
+        copy; "": refused after its check), counted against ``sender`` (the identity the broker
+        authenticated) as a drop; the unchecked ones are counted and logged rate-limited."""
+        who = sender if sender in self.keys else _STRANGER
+        if self.share is not None:
+            self.share.charge(who, kind, now)
+        if not why:
+            return
+        self.counters[f"rejected:{why}"] += 1
+        if self._logs.allow(who, now):
+            held = self._logs.suppressed(who)
+            log.warning("%s: %s request dropped unchecked: %s%s", who, kind, why,
+                        f" ({held} more since the last line)" if held else "")
 
     def limits(self, now: float) -> dict[str, Any]:
         """Identities quarantined (and why) and the top ones by dropped requests."""
@@ -140,11 +147,19 @@ class ControlPlane:
     def shut_out(self, now: float) -> frozenset[str]:
         return self.share.shut_out(now) - {_STRANGER} if self.share is not None else frozenset()
 
-    def open_request(self, env: Any, action: str | None = None) -> Any:
-        """The verified request inside ``env`` (None: refused and counted); ``action`` checks a right."""
+    def open_request(self, env: Any, action: str | None = None, sender: str | None = None) -> Any:
+        """The verified request inside ``env`` (None: refused and counted); ``action`` checks a right.
+
+        ``sender``: the id of the topic it came on (the identity the broker authenticated); a
+        request signed by anyone else is refused whatever its signature."""
         if not isinstance(env, Envelope):
             self.counters["rejected:unsigned"] += 1
-            log.warning("unsigned request refused (sign it with credentials from `fogline operators add`)")
+            self._warn(sender or "?", "unsigned request refused (sign it with credentials from "
+                                      "`fogline operators add`)")
+            return None
+        if sender is not None and env.sender != sender:
+            self.counters["rejected:signer not topic"] += 1
+            self._warn(sender, f"request signed by {env.sender[:64]!r} on {sender}'s topic refused")
             return None
         if env.sender not in self.keys:
             self.svc.sync_trust()  # issued a moment ago? (cheap unless trust.db changed)
@@ -153,15 +168,26 @@ class ControlPlane:
         except (SecurityError, DecodeError) as exc:
             reason = getattr(exc, "reason", "malformed")
             self.counters[f"rejected:{reason}"] += 1
-            log.warning("request from %s refused: %s", env.sender[:64], exc)
+            self._warn(env.sender[:64], f"request from {env.sender[:64]} refused: {exc}")
+            if sender is not None:
+                self.svc.refused(CTL if action is None else INFER, sender)
             self._refuse(env, f"request refused: {reason}")
             return None
         if action is not None and not may_control(self.roles.get(env.sender, ""), action):
             self.counters["rejected:no right"] += 1
-            log.warning("%s (%s) may not %s; refused", env.sender, self.roles.get(env.sender), action)
+            self._warn(env.sender, f"{env.sender} ({self.roles.get(env.sender)}) may not {action}; refused")
+            if sender is not None:
+                self.svc.refused(INFER if action == "infer" else CTL, sender)
             self._refuse(env, f"{env.sender} ({self.roles.get(env.sender, 'unknown')}) may not {action}")
             return None
         return inner
+
+    def _warn(self, who: str, text: str) -> None:
+        """A WARNING about a refused request, at most about one a second per sender (owner thread)."""
+        now = time.monotonic()
+        if self._owner_logs.allow(who, now):
+            held = self._owner_logs.suppressed(who)
+            log.warning("%s%s", text, f" ({held} more from {who} since the last line)" if held else "")
 
     def _refuse(self, env: Envelope, why: str) -> None:
         """Tell the named sender, on its own reply topic (only it can read that), why nothing happened.
@@ -182,15 +208,15 @@ class ControlPlane:
             return
         self.svc.publish_signed(self.svc.topics.reply(sender), ControlReply(refusal_id(env), False, b"", why))
 
-    def handle(self, env: Any, at: float) -> None:
+    def handle(self, env: Any, at: float, sender: str | None = None) -> None:
         svc = self.svc
-        inner = self.open_request(env)
+        inner = self.open_request(env, sender=sender)
         if inner is None:
             return
         why = misaddressed(inner, ControlRequest, svc.topics.reply(env.sender))
         if why is not None:
             self.counters[f"rejected:{why}"] += 1
-            log.warning("control request from %s refused: %s", env.sender, why)
+            self._warn(env.sender, f"control request from {env.sender} refused: {why}")
             return
         role = self.roles.get(env.sender, "")
         try:

@@ -15,6 +15,12 @@ flooding is quarantined for a while (``limited:quarantined``; the reason in
 ``fogline status``). Within budget, births, deaths, acks and the states a device
 needs to stay alive go in each shard's live lane, which is always drained
 before the bulk lane (a device's states beyond its liveness share).
+
+A device's results (``reply/{fog}/{device}``, ``admit_result``) are charged to the
+same sender, under their own budget: a device replaying a result is throttled
+and then quarantined like one replaying its adverts, and its results never
+take its (or anyone's) liveness share. Every budget is keyed by the device id
+the topic carries, which the broker's ACL lets only that device write.
 """
 from __future__ import annotations
 
@@ -49,22 +55,25 @@ from runtime.security import (
 from runtime.topics import ACK, BIRTH, DEATH, STATE, parse
 
 from ._verify_pool import looks_mac, open_session
-from .ratelimit import LIVE, OVER, QUARANTINED, Budget, FairShare, SharePolicy
+from .ratelimit import LIVE, OVER, QUARANTINED, Budget, FairShare, LogLimit, SharePolicy
 from .trust import bound_birth
 
-__all__ = ["DEVICE_SHARE", "STOP", "Ingest"]
+__all__ = ["DEVICE_SHARE", "RESULT", "STOP", "Ingest"]
 
 log = logging.getLogger("fog_broker.ingest")
 
 STOP = object()
 Out = list[tuple[Any, ...]]
 
+RESULT = "RESULT"  # a hop's answer on reply/{fog}/{device} (the data plane)
+
 # Per device: an agent sends a state per interval (>= 0.5 s) or on a significant change, a birth
-# per connection or rebirth request, one death, an ack per command. The budgets are several times
-# that; the live share (4 states/s, bursts of 10) covers every honest device.
+# per connection or rebirth request, one death, an ack per command, a result per request it ends.
+# The budgets are several times that; the live share (4 states/s, bursts of 10) covers every
+# honest device.
 DEVICE_SHARE = SharePolicy(
     limits={BIRTH: Budget(2.0, 10.0), DEATH: Budget(2.0, 10.0), STATE: Budget(20.0, 50.0),
-            ACK: Budget(100.0, 500.0)},
+            ACK: Budget(100.0, 500.0), RESULT: Budget(1000.0, 2000.0)},
     live={STATE: Budget(4.0, 10.0)},
     quarantine_drops=500, window_s=10.0, quarantine_s=60.0)
 _BULK_POLL_S = 0.05  # an idle shard looks at its bulk lane this often
@@ -122,6 +131,7 @@ class _Shard:
     verifier: Verifier
     worker: Any = None
     counters: Counter[str] = field(default_factory=Counter)
+    logs: LogLimit = field(default_factory=LogLimit)  # the shard thread's lines about refused frames
     accepted: int = 0
     sent_keys: dict[str, bytes] = field(default_factory=dict)  # keys the worker process holds
 
@@ -138,6 +148,7 @@ class Ingest:
         self.max_advert_bytes = max_advert_bytes
         self.counters: Counter[str] = Counter()  # MQTT worker thread only
         self.share = FairShare(share) if share is not None else None  # None: no limits (benchmarks)
+        self._logs = LogLimit()  # MQTT worker: lines about dropped floods, per device
         self._shards = [_Shard(_Lanes(100_000),
                                Verifier(trust, sessions=True, max_size=max_advert_bytes))
                         for _ in range(max(1, shards))]
@@ -178,11 +189,43 @@ class Ingest:
             return
         lane = LIVE if self.share is None else self.share.admit(pt.name, pt.leaf, m.received_at)
         if lane in (OVER, QUARANTINED):
-            self.counters[f"limited:{pt.leaf}" if lane == OVER else "limited:quarantined"] += 1
+            self._limited(pt.name, pt.leaf, lane, m.received_at)
             return
         shard = self._shards[hash(pt.name) % len(self._shards)]
         if not shard.lanes.put((m, pt), lane == LIVE):
             self.counters["verify_overflow"] += 1
+
+    def admit_result(self, device_id: str, now: float) -> bool:
+        """MQTT worker, before any decode: may a result on ``device_id``'s topic be queued?"""
+        if device_id not in self.trust:
+            self.counters["rejected:unknown sender"] += 1
+            return False
+        verdict = LIVE if self.share is None else self.share.admit(device_id, RESULT, now)
+        if verdict in (OVER, QUARANTINED):
+            self._limited(device_id, RESULT, verdict, now)
+            return False
+        return True
+
+    def charge(self, device_id: str, kind: str, now: float, why: str = "") -> None:
+        """MQTT worker: a bad ``kind`` frame on ``device_id``'s topic (``why``: signed by someone else, a
+        replayed copy; "": refused after its check), counted against ``device_id`` (who the broker
+        authenticated) as a drop; the unchecked ones are counted and logged rate-limited."""
+        if self.share is not None and device_id in self.trust:
+            self.share.charge(device_id, kind, now)
+        if not why:
+            return
+        self.counters[f"rejected:{why}"] += 1
+        if self._logs.allow(device_id, now):
+            held = self._logs.suppressed(device_id)
+            log.warning("%s: %s dropped unchecked: %s%s", device_id, kind, why,
+                        f" ({held} more since the last line)" if held else "")
+
+    def _limited(self, device_id: str, kind: str, verdict: str, now: float) -> None:
+        self.counters[f"limited:{kind}" if verdict == OVER else "limited:quarantined"] += 1
+        if self._logs.allow(device_id, now):
+            held = self._logs.suppressed(device_id)
+            log.warning("%s: %s %s, dropped unchecked%s", device_id, kind, verdict,
+                        f" ({held} more since the last line)" if held else "")
 
     # ------------------------------------------------------------ shard threads
 
@@ -239,12 +282,14 @@ class Ingest:
         device_id = getattr(msg, "device_id", None)
         if sender != pt.name or device_id != pt.name:
             shard.counters["rejected:topic mismatch"] += 1
-            log.warning("%s: sender %r / device %r do not match the topic", m.topic, sender, device_id)
+            if shard.logs.allow(pt.name, m.received_at):
+                log.warning("%s: sender %r / device %r do not match the topic", m.topic, sender, device_id)
             return
         if pt.leaf == BIRTH and isinstance(msg, DeviceBirth):
             if msg.public_key != self.trust.key_bytes(pt.name):
                 shard.counters["rejected:key mismatch"] += 1
-                log.warning("%s: birth announces a key other than the enrolled one; refused", pt.name)
+                if shard.logs.allow(pt.name, m.received_at):
+                    log.warning("%s: birth announces a key other than the enrolled one; refused", pt.name)
                 return
             msg, flags = bound_birth(msg)
             if flags:
@@ -266,7 +311,8 @@ class Ingest:
             # rejected with the field and value and holds nothing until a clean birth.
             shard.counters["rejected:out of range"] += 1
             kind, fname, value = bad
-            log.warning("%s: %s refused, %s=%s out of range", pt.name, kind, fname, value)
+            if shard.logs.allow(pt.name, m.received_at):
+                log.warning("%s: %s refused, %s=%s out of range", pt.name, kind, fname, value)
             out.append(("bad_advert", pt.name, f"{kind}.{fname}={value}", m.received_at))
             return
         shard.counters[f"rejected:{reason}"] += 1

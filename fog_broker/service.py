@@ -16,6 +16,16 @@ thread splits, hashes and signs partitions; the owner thread holds the
 registry, the controller, the router and the store, pumps the inbox, runs the
 cores and their commands, and the timers (liveness, reconcile, summary, time).
 
+Inputs name their sender in the topic (``fog/CTL/{id}``, ``fog/INFER/{id}``,
+``reply/{fog}/{device}``, ``dev/{id}/...``) and the broker's ACL lets only that
+identity write there; on the MQTT worker each input is charged to that id's
+budget before any decode or signature check (``control``, ``ingest``), a
+payload signed by anyone else is dropped and charged to the topic's id, and
+a sender that keeps flooding is quarantined (its writes leave the ACL). The
+owner thread takes the devices' verified liveness traffic (adverts, acks) from
+its own lane ahead of control, inference and results, so a flood of those
+cannot get an honest device declared lost.
+
 Everything the fog says is sealed with its key: its retained STATE (and the
 offline Will, sealed at start for this epoch), commands, summaries, time
 hints, results relayed to clients and the first hop of every activation.
@@ -54,15 +64,15 @@ from runtime.messages import (
 )
 from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will
 from runtime.security import SessionKeyPair, Signer, TrustStore, Verifier, sign_session_offer
-from runtime.topics import ACK, BIRTH, DEATH, STATE, Topics
+from runtime.topics import ACK, BIRTH, CTL, DEATH, INFER, STATE, Topics
 
 from . import wires
 from .artifacts import ArtifactBuilder
 from .control import MAX_REQUEST_BYTES, ControlPlane, misaddressed
 from .controller import ControllerConfig, DeployPartition, Persist, UndeployPartition
-from .ingest import DEVICE_SHARE, Ingest
+from .ingest import DEVICE_SHARE, RESULT, Ingest
 from .placement.model import Quota
-from .ratelimit import acl_shut_out
+from .ratelimit import Copies, acl_shut_out
 from .releases import ReleaseBook
 from .router import ReplyClient, RouterConfig, SendActivation
 from .site import Site
@@ -92,6 +102,8 @@ __all__ = ["ServiceConfig", "FogService", "default_schedule", "MAX_CONTROL_BYTES
 log = logging.getLogger("fog_broker.service")
 
 _STOP = object()
+_WAKE = ("wake",)  # a live item is waiting (the owner blocks on the inbox)
+_RELEASE = "RELEASE"
 _PING = "__fog_self_ping__"
 _LOCAL = "local:"  # reply_to of requests from this process (never an MQTT topic: no '/')
 MAX_CONTROL_BYTES = MAX_REQUEST_BYTES
@@ -161,10 +173,18 @@ class FogService:
         self.events: deque[dict[str, Any]] = deque(maxlen=200)
         self._was_ready = False
         self.inbox: queue.Queue[Any] = queue.Queue(maxsize=200_000)
+        # The devices' verified liveness traffic (adverts, births, deaths, acks): taken ahead of the
+        # inbox, so a queue of control, inference or results never delays a device's states.
+        self._live: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Inputs the owner thread refused after their check (bad signature, replayed, no right):
+        # charged to their topic's sender by the MQTT worker, which owns the budgets.
+        self._charges: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        # MQTT worker: a second copy of a signed input is dropped unchecked (the last 128 per known sender)
+        self._copies = Copies(per_sender=128, max_senders=4096)
         self._local: dict[str, Future[InferenceResult]] = {}  # in-process requests awaiting the router
         # Trust: enrolled devices (ingest, results), operators (control), coordinators (releases).
         self.device_keys = TrustStore()
-        self.ingest = Ingest(self.device_keys, self.session, self._put, shards=c.verify_workers,
+        self.ingest = Ingest(self.device_keys, self.session, self._put_live, shards=c.verify_workers,
                              processes=c.verify_processes, max_advert_bytes=MAX_ADVERT_BYTES,
                              share=DEVICE_SHARE if c.fair_share else None)
         self.results = Verifier(self.device_keys, max_size=codec.DEFAULT_MAX_SIZE)
@@ -197,6 +217,9 @@ class FogService:
         self.mqtt = MqttClient(c.fog_id, c.mqtt_host, c.mqtt_port, keepalive=c.keepalive, tls=c.tls,
                                will=Will(self.topics.fog_state(), self._will_payload, qos=1, retain=True),
                                inbox_size=100_000, max_queued=100_000, max_payload=MAX_CONTROL_BYTES)
+        self._prefix_ctl = self.topics.control("+")[:-2]
+        self._prefix_infer = self.topics.infer("+")[:-2]
+        self._prefix_result = self.topics.result(c.fog_id, "+")[:-2]
         self._owner = threading.Thread(target=self._run, name="fog-owner", daemon=True)
         # Artifact building (ONNX split, hash, sign) runs here, never on the owner thread.
         self._builds: queue.Queue[Any] = queue.Queue()
@@ -249,10 +272,10 @@ class FogService:
             self.mqtt.subscribe(t.all_devices(leaf), self.ingest.on_device, qos=0 if leaf == STATE else 1,
                                 max_bytes=MAX_ADVERT_BYTES)
         self.mqtt.subscribe(t.fog_state(), self._on_fog_state, max_bytes=MAX_ADVERT_BYTES)
-        self.mqtt.subscribe(t.infer(), self._on_other)
-        self.mqtt.subscribe(t.control(), self._on_other, max_bytes=MAX_CONTROL_BYTES)
+        self.mqtt.subscribe(t.infer("+"), self._on_other)
+        self.mqtt.subscribe(t.control("+"), self._on_other, max_bytes=MAX_CONTROL_BYTES)
         self.mqtt.subscribe(t.release(), self._on_other, max_bytes=MAX_CONTROL_BYTES)
-        self.mqtt.subscribe(t.reply(self.config.fog_id), self._on_other)
+        self.mqtt.subscribe(t.result(self.config.fog_id, "+"), self._on_other)
         self.mqtt.on_connected.append(self._on_connected)
         self.ingest.start()
         self._owner.start()
@@ -266,7 +289,8 @@ class FogService:
         # comes back, every subscription is active and no request sent from now on is lost.
         deadline = time.monotonic() + connect_timeout
         while not self._subscribed.is_set() and time.monotonic() < deadline:
-            self.publish_signed(self.topics.reply(self.config.fog_id), InferenceResult(_PING, False))
+            self.publish_signed(self.topics.result(self.config.fog_id, self.config.fog_id),
+                                InferenceResult(_PING, False))
             self._subscribed.wait(0.2)
         return self
 
@@ -366,30 +390,91 @@ class FogService:
         except queue.Full:
             self.counters["inbox_overflow"] += 1
 
+    def _put_live(self, item: Any) -> None:
+        """Verified device traffic (ingest's batches): the owner takes it ahead of the inbox (any thread).
+
+        Bounded by the devices' budgets upstream (``ingest.DEVICE_SHARE``); the wake-up is dropped
+        when the inbox is full, as then the owner is busy and looks at this lane between items."""
+        if self._live.qsize() >= 200_000:
+            self.counters["live_overflow"] += 1
+            return
+        self._live.put(item)
+        try:
+            self.inbox.put_nowait(_WAKE)
+        except queue.Full:
+            pass
+
+    def _sender_of(self, topic: str) -> tuple[str, str]:
+        """(kind, sender) of an input topic: the id is the topic's last level, which the ACL lets only
+        that identity write; ("", "") for a topic that is not one of ours (the broker would not send it)."""
+        base, _, sender = topic.rpartition("/")
+        if base == self._prefix_ctl:
+            return CTL, sender
+        if base == self._prefix_infer:
+            return INFER, sender
+        if base == self._prefix_result:
+            return RESULT, sender
+        if topic == self.topics.release():
+            return _RELEASE, ""
+        return "", ""
+
     def _on_other(self, m: Inbound) -> None:
-        """Control, releases, inference requests and results: decoded under tight budgets here,
-        authenticated on the owner thread (which holds the keys and the windows)."""
+        """Control, releases, inference requests and results: charged to the topic's sender and decoded
+        under tight budgets here, authenticated on the owner thread (which holds the keys and windows)."""
         topic = m.topic
-        if topic == self.topics.release() and m.retain:
+        while not self._charges.empty():  # the one taker: not empty -> get_nowait succeeds
+            self._charge(*self._charges.get_nowait(), m.received_at)
+        kind, sender = self._sender_of(topic)
+        if kind == _RELEASE and m.retain:
             # releases are never retained: a retained one would come back at every restart
             self.counters["release:retained"] += 1
             if m.payload:
                 self.mqtt.publish(topic, b"", retain=True)  # clear it
             return
-        if topic == self.topics.control() and not self.control.admit(m.payload, m.received_at):
-            return  # over its sender's budget: dropped before decode and signature check (control.py)
+        if kind in (CTL, INFER):
+            if not self.control.admit(sender, kind, m.received_at):
+                return  # over its sender's budget: dropped before decode and signature check (control.py)
+        elif kind == RESULT:
+            if sender != self.config.fog_id and not self.ingest.admit_result(sender, m.received_at):
+                return  # an unknown device, or over its budget (ingest.py)
+        elif kind != _RELEASE:
+            self.counters["rejected:bad topic"] += 1
+            return
         try:
-            if topic == self.topics.release():
+            if kind == _RELEASE:
                 msg: Any = codec.decode(m.payload, max_size=MAX_CONTROL_BYTES, max_objects=4096, max_arrays=0)
             else:
-                limit = MAX_CONTROL_BYTES if topic == self.topics.control() else codec.DEFAULT_MAX_SIZE
-                msg = codec.decode_envelope(m.payload, max_size=limit)
+                msg = codec.decode_envelope(m.payload, max_size=MAX_CONTROL_BYTES if kind == CTL
+                                            else codec.DEFAULT_MAX_SIZE)
         except DecodeError as exc:
             why = "unsigned" if str(exc).startswith("expected an envelope") else "malformed"
             self.counters[f"rejected:{why}"] += 1
             log.debug("%s payload on %s: %s", why, topic, exc)
             return
-        self._put(("other", topic, msg, m.received_at))
+        if kind != _RELEASE and msg.sender != sender:
+            # signed (or claiming to be) by someone other than who the broker let write this topic
+            self._charge(kind, sender, m.received_at, "signer not topic")
+            return
+        if kind != _RELEASE and sender != self.config.fog_id and self._known(kind, sender) \
+                and self._copies.seen(sender, msg.signature):
+            self._charge(kind, sender, m.received_at, "replayed copy")  # a replay, however slow: no second check
+            return
+        self._put(("other", kind, msg, m.received_at))
+
+    def _known(self, kind: str, sender: str) -> bool:
+        """An identity the fog issued or enrolled (only those get a memory of copies: bounded)."""
+        return sender in (self.device_keys if kind == RESULT else self.control.keys)
+
+    def _charge(self, kind: str, sender: str, now: float, why: str = "") -> None:
+        """MQTT worker: one bad input on ``sender``'s topic, counted against ``sender`` as a drop."""
+        if kind == RESULT:
+            self.ingest.charge(sender, kind, now, why)
+        else:
+            self.control.charge(sender, kind, now, why)
+
+    def refused(self, kind: str, sender: str) -> None:
+        """Owner thread: an input on ``sender``'s topic failed its check; charge it (MQTT worker)."""
+        self._charges.put((kind, sender))
 
     # ------------------------------------------------------------ owner thread
 
@@ -405,21 +490,18 @@ class FogService:
             while item is not None:
                 if item is _STOP:
                     return
-                try:
-                    self._dispatch(item)
-                except RemoteViolation as exc:
-                    self.counters["remote_errors"] += 1
-                    log.warning("dropped input: %s", exc)
-                except Exception:
-                    self.counters["internal_errors"] += 1
-                    log.exception("owner loop failed on %r", item[0] if isinstance(item, tuple) else item)
+                live = self._live
+                while not live.empty():  # the one taker: not empty -> get_nowait succeeds
+                    self._dispatch_safely(live.get_nowait())
+                    batch += 1
+                if item is _WAKE:
+                    item = self._next_item()
+                    continue
+                self._dispatch_safely(item)
                 batch += 1
                 if batch >= 500:
                     break
-                try:
-                    item = self.inbox.get_nowait()
-                except queue.Empty:
-                    item = None
+                item = self._next_item()
             now = time.monotonic()
             if now >= next_tick or self.core.dirty:
                 try:
@@ -428,6 +510,22 @@ class FogService:
                     self.counters["internal_errors"] += 1
                     log.exception("tick failed")
                 next_tick = now + self.config.tick_s
+
+    def _next_item(self) -> Any:
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _dispatch_safely(self, item: Any) -> None:
+        try:
+            self._dispatch(item)
+        except RemoteViolation as exc:
+            self.counters["remote_errors"] += 1
+            log.warning("dropped input: %s", exc)
+        except Exception:
+            self.counters["internal_errors"] += 1
+            log.exception("owner loop failed on %r", item[0] if isinstance(item, tuple) else item)
 
     def _dispatch(self, item: tuple[Any, ...]) -> None:
         kind = item[0]
@@ -638,16 +736,16 @@ class FogService:
         ticket = RouteTicket(self.config.fog_id, act.request_id, act.workload, act.route,
                              tuple(k for k in keys if k is not None), act.reply_to, act.deadline)
         frame = relay.issue(self.identity, ticket, act)
-        self.mqtt.publish(self.topics.device(act.route[0].device_id, "ACT"), frame)
+        self.mqtt.publish(self.topics.activation(act.route[0].device_id, self.config.fog_id), frame)
 
-    def _handle_other(self, topic: str, msg: Any, at: float) -> None:
-        if topic == self.topics.reply(self.config.fog_id):
+    def _handle_other(self, kind: str, msg: Any, at: float) -> None:
+        if kind == RESULT:
             self._on_result(msg, at)
-        elif topic == self.topics.infer():
+        elif kind == INFER:
             self._on_infer(msg, at)
-        elif topic == self.topics.control():
-            self.control.handle(msg, at)
-        elif topic == self.topics.release():
+        elif kind == CTL:
+            self.control.handle(msg, at, msg.sender if isinstance(msg, Envelope) else "?")
+        elif kind == _RELEASE:
             self._on_release(msg, at)
 
     def _on_result(self, env: Envelope, at: float) -> None:
@@ -664,6 +762,7 @@ class FogService:
             res = self.results.verify_only(env)
         except SecurityError as exc:
             self.counters[f"rejected:result {exc.reason}"] += 1
+            self.refused(RESULT, env.sender)
             return
         if not isinstance(res, InferenceResult):
             self.counters["rejected:wrong kind"] += 1
@@ -671,7 +770,7 @@ class FogService:
         self._carry_out(self.core.handle(Result(res, env.sender, time.time()), at, time.time()))
 
     def _on_infer(self, env: Envelope, at: float) -> None:
-        req = self.control.open_request(env, "infer")
+        req = self.control.open_request(env, "infer", env.sender if isinstance(env, Envelope) else "?")
         if req is None:
             return
         why = misaddressed(req, InferenceRequest, self.topics.reply(env.sender))

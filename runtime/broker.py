@@ -408,12 +408,18 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
     """The site's ACL: explicit rights per identity (name -> role); no patterns, so an identity
     removed from the map (a revoked device) keeps no right at all after the reload.
 
+    Every topic an identity writes carries its own name (``runtime.topics``): the broker checks
+    it against the name it authenticated (certificate CN == username == client id), so the fog
+    can key budgets and quarantines by the topic and no one acts in another's name.
+
     * fog: everything under the site;
-    * device: write its own BIRTH/STATE/DEATH/ACK, read its own CMD/ACT, ``fog/STATE``,
-      ``fog/REBIRTH`` and ``fog/TIME``; the data plane: forward activations to any device's ACT
-      (each is sealed by the sender and carries a fog-signed route) and answer the fog;
-    * operator, coordinator, app, monitor: control and inference requests (the fog decides per
-      role what each may ask), their own replies, the fog's STATE;
+    * device: write its own BIRTH/STATE/DEATH/ACK, read its own CMD, its activations
+      (``dev/{name}/ACT/+``), ``fog/STATE``, ``fog/REBIRTH`` and ``fog/TIME``; the data plane:
+      forward activations to any device under its own name (``dev/+/ACT/{name}``; each is sealed
+      by the sender and carries a fog-signed route) and answer the fog (``reply/{fog}/{name}``);
+    * operator, coordinator, app, monitor: control and inference requests under their own name
+      (``fog/CTL/{name}``, ``fog/INFER/{name}``; the fog decides per role what each may ask),
+      their own replies, the fog's STATE;
     * coordinator: also releases and the fleet summary.
     """
     for what, value in (("site name", site), ("fog id", fog_id)):
@@ -432,12 +438,12 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
         lines.append(f"user {name}")
         if role == "device":
             lines += [f"topic write {b}/dev/{name}/{leaf}" for leaf in ("BIRTH", "STATE", "DEATH", "ACK")]
-            lines += [f"topic read {b}/dev/{name}/CMD", f"topic read {b}/dev/{name}/ACT",
+            lines += [f"topic read {b}/dev/{name}/CMD", f"topic read {b}/dev/{name}/ACT/+",
                       f"topic read {b}/fog/STATE", f"topic read {b}/fog/REBIRTH", f"topic read {b}/fog/TIME",
-                      f"topic write {b}/dev/+/ACT", f"topic write {b}/reply/{fog_id}"]
+                      f"topic write {b}/dev/+/ACT/{name}", f"topic write {b}/reply/{fog_id}/{name}"]
         elif role in ("operator", "coordinator", "app", "monitor"):
-            lines += [f"topic write {b}/fog/INFER", f"topic write {b}/fog/CTL", f"topic read {b}/reply/{name}",
-                      f"topic read {b}/fog/STATE"]
+            lines += [f"topic write {b}/fog/INFER/{name}", f"topic write {b}/fog/CTL/{name}",
+                      f"topic read {b}/reply/{name}", f"topic read {b}/fog/STATE"]
             if role == "coordinator":
                 lines += [f"topic write {b}/cloud/RELEASE", f"topic read {b}/fog/SUMMARY"]
         lines.append("")

@@ -96,14 +96,20 @@ def ticket_of(ticket: bytes, ticket_sig: bytes, fog_key: bytes) -> RouteTicket:
 
 
 def open_relay(data: bytes | memoryview, fog_key: bytes, me: str, now: float, *,
-               max_size: int = codec.DEFAULT_MAX_SIZE, max_skew_s: float = 30.0) -> Activation:
-    """Check a frame addressed to device ``me`` and return its activation (see the module doc)."""
+               max_size: int = codec.DEFAULT_MAX_SIZE, max_skew_s: float = 30.0,
+               sender: str | None = None) -> Activation:
+    """Check a frame addressed to device ``me`` and return its activation (see the module doc).
+
+    ``sender``: the id of the topic the frame came on (``dev/{me}/ACT/{sender}``, which the ACL
+    lets only that identity write); a frame sealed by anyone else is refused before any signature check."""
     try:
         frame = codec.decode(data, max_size=max_size, max_objects=_FRAME_OBJECTS, max_arrays=0)
     except DecodeError as exc:
         raise RelayError("malformed", str(exc)) from None
     if not isinstance(frame, Relay):
         raise RelayError("malformed", f"expected a relay, got {frame.KIND}")
+    if sender is not None and frame.sender != sender:
+        raise RelayError("wrong sender", "not the topic's sender")
     t = ticket_of(frame.ticket, frame.ticket_sig, fog_key)
     if frame.hop >= len(t.route) or t.route[frame.hop].device_id != me:
         raise RelayError("not my hop")

@@ -4,12 +4,19 @@ One module builds and parses every topic so no package writes its own
 string formatting. Layout: ``fogline/v1/{site}/...``; every site name, device
 id and client id in a topic is an identifier of ``runtime.ids`` (checked here, in
 both directions), so a topic level never holds ``/``, ``+``, ``#`` or a newline.
+
+Topics name their sender: every topic an identity other than the fog writes ends in (or
+holds) that identity's own id, and the broker's ACL lets each identity write only topics
+with its own id (``runtime.broker.acl_for``). The fog keys every budget, quarantine and
+log line by that id (``ParsedTopic.sender``), never by a name inside the payload:
+``fog/CTL/{sender}``, ``fog/INFER/{sender}``, ``reply/{fog}/{device}`` (a hop's result),
+``dev/{dst}/ACT/{src}`` (an activation), ``dev/{id}/BIRTH|STATE|DEATH|ACK``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import RemoteViolation
+from .errors import LocalViolation, RemoteViolation
 from .ids import check_id, is_id
 
 __all__ = ["ROOT", "Topics", "ParsedTopic", "parse"]
@@ -21,6 +28,10 @@ BIRTH, STATE, DEATH, ACK = "BIRTH", "STATE", "DEATH", "ACK"
 # Device-consumed leaves
 CMD, ACT = "CMD", "ACT"
 DEVICE_LEAVES = frozenset({BIRTH, STATE, DEATH, ACK, CMD, ACT})
+OWN_LEAVES = frozenset({BIRTH, STATE, DEATH, ACK})  # written by the device the topic names
+# Fog leaves whose topics end in their sender's id
+CTL, INFER = "CTL", "INFER"
+SENT_BY = frozenset({CTL, INFER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +40,7 @@ class ParsedTopic:
     scope: str  # "dev" | "fog" | "reply" | "cloud"
     name: str  # device id, client id, or "" for fog-wide topics
     leaf: str
+    sender: str = ""  # the id of the identity the ACL lets write this topic ("": the fog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +68,13 @@ class Topics:
         """The fog's sealed wall-clock hints (``TimeHint``), never retained."""
         return f"{self.base}/fog/TIME"
 
-    def infer(self) -> str:
-        return f"{self.base}/fog/INFER"
+    def infer(self, sender: str) -> str:
+        """Inference requests of ``sender`` (only it may write here; ``+``: all of them)."""
+        return f"{self.base}/fog/INFER/{_level(sender, 'client id', '+')}"
 
-    def control(self) -> str:
-        return f"{self.base}/fog/CTL"
+    def control(self, sender: str) -> str:
+        """Control requests of ``sender`` (only it may write here; ``+``: all of them)."""
+        return f"{self.base}/fog/CTL/{_level(sender, 'client id', '+')}"
 
     def summary(self) -> str:
         """Retained FleetSummary for the coordinator."""
@@ -71,7 +85,13 @@ class Topics:
 
     # devices
     def device(self, device_id: str, leaf: str) -> str:
+        if leaf == ACT:
+            raise LocalViolation("an activation topic names its sender: use Topics.activation(dst, src)")
         return f"{self.base}/dev/{_level(device_id, 'device id', '+')}/{leaf}"
+
+    def activation(self, device_id: str, sender: str) -> str:
+        """Activations for ``device_id`` from ``sender`` (a device, or the fog for hop 0)."""
+        return f"{self.base}/dev/{_level(device_id, 'device id', '+')}/{ACT}/{_level(sender, 'sender id', '+')}"
 
     def device_prefix(self, device_id: str) -> str:
         return f"{self.base}/dev/{_level(device_id, 'device id', '+')}/#"
@@ -80,7 +100,12 @@ class Topics:
         return f"{self.base}/dev/+/{leaf}"
 
     def reply(self, client_id: str) -> str:
+        """The fog's answers to ``client_id`` (only the fog writes here)."""
         return f"{self.base}/reply/{_level(client_id, 'client id', '+', '#')}"
+
+    def result(self, client_id: str, sender: str) -> str:
+        """Results ``sender`` (a device's last hop) sends to ``client_id`` (the fog), under its own id."""
+        return f"{self.base}/reply/{check_id(client_id, 'client id')}/{_level(sender, 'sender id', '+')}"
 
 
 def _level(value: str, what: str, *wildcards: str) -> str:
@@ -98,10 +123,20 @@ def parse(topic: str) -> ParsedTopic:
     site, scope = parts[2], parts[3]
     if not is_id(site) or (scope in ("dev", "reply") and not is_id(parts[4])):
         raise RemoteViolation(f"site or id outside the id grammar: {topic[:80]!r}")
-    if scope == "dev" and len(parts) == 6 and parts[5] in DEVICE_LEAVES:
+    if len(parts) == 6 and (scope == "reply" or (scope == "fog" and parts[4] in SENT_BY)) and not is_id(parts[5]):
+        raise RemoteViolation(f"sender outside the id grammar: {topic[:80]!r}")
+    if scope == "dev" and len(parts) == 6 and parts[5] in OWN_LEAVES:
+        return ParsedTopic(site, scope, parts[4], parts[5], parts[4])
+    if scope == "dev" and len(parts) == 6 and parts[5] == CMD:
         return ParsedTopic(site, scope, parts[4], parts[5])
-    if scope in ("fog", "cloud") and len(parts) == 5:
+    if scope == "dev" and len(parts) == 7 and parts[5] == ACT and is_id(parts[6]):
+        return ParsedTopic(site, scope, parts[4], ACT, parts[6])
+    if scope == "fog" and len(parts) == 6 and parts[4] in SENT_BY:
+        return ParsedTopic(site, scope, "", parts[4], parts[5])
+    if scope in ("fog", "cloud") and len(parts) == 5 and parts[4] not in SENT_BY:
         return ParsedTopic(site, scope, "", parts[4])
     if scope == "reply" and len(parts) == 5:
         return ParsedTopic(site, scope, parts[4], "")
+    if scope == "reply" and len(parts) == 6:
+        return ParsedTopic(site, scope, parts[4], "", parts[5])
     raise RemoteViolation(f"unknown topic {topic[:80]!r}")

@@ -77,7 +77,7 @@ PURE = [
     "edge_agent.probes.energy", "edge_agent.profiles",
     # runtime: the values every process shares, and the relay checks
     "runtime.errors", "runtime._schema", "runtime.messages", "runtime.codec", "runtime.topics",
-    "runtime.relay", "runtime.verify", "runtime.devices", "runtime.attacks",
+    "runtime.relay", "runtime.verify", "runtime.devices", "runtime.attacks", "runtime.ratelimit",
     # simulations: churn and WAN models, the goodput model
     "simulations.churn", "simulations.wan", "simulations.goodput",
 ]

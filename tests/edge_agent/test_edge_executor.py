@@ -64,10 +64,10 @@ def test_chain_over_two_executors_matches_monolith() -> None:
     x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
     e0.submit(CHAIN.activation("r1", x, [("d0", 0), ("d1", 1)], REPLY, fog=FOG, keys=KEYS))
     topic, fwd = bus0.next()
-    assert topic == T.device("d1", "ACT") and isinstance(fwd, Activation) and fwd.hop == 1
+    assert topic == T.activation("d1", "d0") and isinstance(fwd, Activation) and fwd.hop == 1
     e1.submit(fwd)
     topic, res = bus1.next()
-    assert topic == REPLY and isinstance(res, InferenceResult) and res.ok, res
+    assert topic == T.result("client-1", "d1") and isinstance(res, InferenceResult) and res.ok, res
     np.testing.assert_allclose(res.tensors["y"], CHAIN.reference(x), rtol=1e-5, atol=1e-5)
     st = e1.statuses()[0]
     assert st.served == 1 and st.health == "running" and st.p50_s > 0
@@ -82,7 +82,7 @@ def test_two_partitions_on_one_device_skip_the_broker() -> None:
     x = np.ones((1, 8), np.float32)
     ex.submit(CHAIN.activation("r1", x, [("d0", 0), ("d0", 1)], REPLY))
     topic, res = bus.next()
-    assert topic == REPLY and res.ok  # type: ignore[attr-defined]
+    assert topic == T.result("client-1", "d0") and res.ok  # type: ignore[attr-defined]
     ex.stop()
 
 
@@ -100,7 +100,7 @@ def test_failures_become_error_replies(route, tensors, deadline, error) -> None:
     hops = CHAIN.activation("r", np.ones((1, 8), np.float32), route, REPLY)
     ex.submit(Activation("r", "wl", hops.route, 0, REPLY, tensors, deadline))
     topic, res = bus.next()
-    assert topic == REPLY and isinstance(res, InferenceResult)
+    assert topic == T.result("client-1", "d0") and isinstance(res, InferenceResult)
     assert not res.ok and error in res.error and res.device_id == "d0"
     ex.stop()
 

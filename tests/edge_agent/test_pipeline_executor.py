@@ -39,7 +39,7 @@ class Bus:
         p = parse(topic)
         if p.leaf == "ACT":
             self.raw.append(payload)
-            act = relay.open_relay(payload, FOG.public_key, p.name, time.time())
+            act = relay.open_relay(payload, FOG.public_key, p.name, time.time(), sender=p.sender)
             if self.forward is not None:
                 self.forward(act)
                 return

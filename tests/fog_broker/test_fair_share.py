@@ -87,28 +87,22 @@ def test_bad_budgets_are_refused(rate: float, burst: float) -> None:
         Budget(rate, burst)
 
 
-@pytest.mark.parametrize("name", ["app", "a" * 31, "b" * 32, "c" * 64, "op.1_x-y"])
-def test_the_claimed_sender_is_read_without_decoding(name: str) -> None:
-    import time
-
-    from fog_broker.control import claimed_sender
-    from runtime.messages import ControlRequest
-    from runtime.security import Identity, Signer
-    frame = Signer(Identity.generate(name), 1).seal_bytes(ControlRequest("r", "hello", "t", b"{}"), time.time())
-    assert claimed_sender(frame) == name
-    end = (23 if len(name) < 32 else 24) + len(name)
-    assert claimed_sender(frame[:end]) == name
-    assert all(claimed_sender(frame[:cut]) == "" for cut in range(end)), "a truncated name reads as nobody"
+def test_a_charge_counts_as_a_drop_and_quarantines() -> None:
+    """A payload signed by someone other than its topic's id is charged to the topic's id."""
+    share = FairShare(SharePolicy(limits={"CTL": Budget(10.0, 10.0)}, quarantine_drops=3, window_s=10.0,
+                                  quarantine_s=60.0))
+    assert [share.charge("evil", "CTL", 0.0) for _ in range(3)] == [False, False, True]
+    assert share.admit("evil", "CTL", 1.0) == QUARANTINED and share.admit("admin", "CTL", 1.0) == LIVE
+    assert share.shut_out(1.0) == {"evil"} and share.reason("evil").startswith("flooding: 3 CTL")
 
 
-@pytest.mark.parametrize("frame", [
-    b"", b"FGL\x01", b"\x00" * 64,
-    b"FGL\x01\x00\x00\x00\x00\x93\xa3env\x01\x86\xa6sender\xd9",    # str8 without its length
-    b"FGL\x01\x00\x00\x00\x00\x93\xa3env\x01\x86\xa6sendex\xa1a",   # another first key
-])
-def test_a_frame_that_does_not_name_a_sender_reads_as_nobody(frame: bytes) -> None:
-    from fog_broker.control import claimed_sender
-    assert claimed_sender(frame) == ""
+def test_log_lines_are_limited_per_key() -> None:
+    from runtime.ratelimit import LogLimit
+    logs = LogLimit(rate=1.0, burst=2.0)
+    assert [logs.allow("a", 0.0) for _ in range(5)] == [True, True, False, False, False]
+    assert logs.allow("b", 0.0)  # another key has its own lines
+    assert logs.suppressed("a") == 3 and logs.suppressed("a") == 0
+    assert logs.allow("a", 1.0)
 
 
 def test_limits_are_exported_as_metrics() -> None:
@@ -155,3 +149,14 @@ def test_a_quarantined_sender_keeps_its_reads_and_loses_its_writes_in_the_acl() 
         share.admit("evil", "STATE", 0.0)
     assert share.shut_out(1.0) == {"evil"} and share.shut_out(61.0) == frozenset()
     assert share.reason("evil").startswith("flooding: ") and share.reason("nobody") == ""
+
+
+def test_a_second_copy_of_a_signature_is_a_replay_per_sender_and_bounded() -> None:
+    from runtime.ratelimit import Copies
+    c = Copies(per_sender=2, max_senders=2)
+    assert [c.seen("a", b"s1"), c.seen("a", b"s1"), c.seen("b", b"s1")] == [False, True, False]
+    c.seen("a", b"s2")
+    c.seen("a", b"s3")  # the oldest of a's (s1) is forgotten
+    assert not c.seen("a", b"s1")
+    c.seen("c", b"x")   # a third sender: the oldest sender's memory goes
+    assert len(c._seen) == 2

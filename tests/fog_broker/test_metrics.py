@@ -240,7 +240,7 @@ def test_refused_requests_strangers_and_pending_reasons(fleet: Fleet) -> None:
     raw = MqttClient(f"metrics-raw-{time.time_ns()}", "127.0.0.1", fleet.broker.port)
     raw.start()
     assert raw.wait_connected(5)
-    raw.publish(T.control(), codec.encode(ControlRequest("r1", "status", T.reply("x")))).wait(2)
+    raw.publish(T.control("x"), codec.encode(ControlRequest("r1", "status", T.reply("x")))).wait(2)
     raw.publish(T.device("stranger", "STATE"), b"\x00not an advert").wait(2)
     raw.stop()
     fleet.client.deploy({"name": "npu", "model": "zoo:mlp", "source": "cam", "sink": "cam",

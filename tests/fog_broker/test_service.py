@@ -257,12 +257,12 @@ def test_sealed_fog_state_summary_and_control_only_from_issued_identities(
     wait_for(lambda: fog.counters["fog_state_reasserted"] >= 1, 5)
     wait_for(lambda: isinstance(got.get("FogState"), FogState) and got["FogState"].online, 5)
     # unsigned control requests (status included) get no answer at all
-    c.publish(T.control(), codec.encode(ControlRequest("r1", "deploy", T.reply("obs"), b"{}"))).wait(2)
-    c.publish(T.control(), codec.encode(ControlRequest("r2", "status", T.reply("obs")))).wait(2)
+    c.publish(T.control("obs"), codec.encode(ControlRequest("r1", "deploy", T.reply("obs"), b"{}"))).wait(2)
+    c.publish(T.control("obs"), codec.encode(ControlRequest("r2", "status", T.reply("obs")))).wait(2)
     wait_for(lambda: fog.counters["rejected:unsigned"] >= 2, 5)
     # a key nobody issued, even under an issued name, is refused
     rogue = Signer(Identity.generate("op"), 1)
-    c.publish(T.control(), rogue.seal_bytes(ControlRequest("r3", "status", T.reply("op")), time.time())).wait(2)
+    c.publish(T.control("op"), rogue.seal_bytes(ControlRequest("r3", "status", T.reply("op")), time.time())).wait(2)
     wait_for(lambda: fog.control.counters["rejected:unknown sender"] >= 1, 5)
     assert "ControlReply" not in got
     # issued identities: an operator may deploy, an app may not even ask for status

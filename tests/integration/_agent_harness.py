@@ -46,7 +46,7 @@ class FogSide:
         self.client = MqttClient(f"{fog_id}-{os.getpid()}-{time.monotonic_ns() % 100000}", broker.host, broker.port,
                                  tls=tls)
         self.client.subscribe(self.topics.all_devices("+"), self._on_msg)
-        self.client.subscribe(self.topics.reply("+"), self._on_msg)
+        self.client.subscribe(self.topics.reply("#"), self._on_msg)  # results: reply/{client}/{device}
         self.client.start()
         assert self.client.wait_connected(5)
 
@@ -86,7 +86,8 @@ class FogSide:
     def send_activation(self, act: Activation) -> None:
         """Hop 0 as the fog sends it: a relay frame with this fog's signed route ticket."""
         keys = {n: k for n in self.trust.names() if (k := self.trust.key_bytes(n)) is not None}
-        assert self.client.publish(self.topics.device(act.route[0].device_id, ACT), self.fog.frame(act, keys)).wait(5)
+        assert self.client.publish(self.topics.activation(act.route[0].device_id, self.fog.fog_id),
+                                   self.fog.frame(act, keys)).wait(5)
 
     def command(self, device: str, msg: Message) -> None:
         self.raw(device, self.fog.seal(msg))

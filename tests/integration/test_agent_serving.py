@@ -129,7 +129,7 @@ def test_bad_commands_rejected_counted_and_serving_continues(mosquitto, fog: Fog
         assert _ack(fog, dev, "cached").ok
         wait_status(data, lambda s: s["cache"]["hits"] >= 1)  # the ACK may overtake the status file
         # a malformed activation cannot be answered (no reply_to), but it is counted and survived
-        fog.client.publish(fog.topics.device(dev, "ACT"), b"FGL\x01junk").wait(5)
+        fog.client.publish(fog.topics.activation(dev, fog.fog.fog_id), b"FGL\x01junk").wait(5)
         res = _infer(fog, [(dev, 0)], "after2", np.ones((1, 8), np.float32))
         assert res.ok
         assert wait_status(data, lambda s: s["counters"].get("rejected activation: malformed", 0) == 1)

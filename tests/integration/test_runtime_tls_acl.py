@@ -186,7 +186,7 @@ def test_device_writes_only_under_its_own_prefix(pki: Pki, broker: MosquittoBrok
     wait_live(q, a, T.device("dev-a", "STATE"))
 
     forbidden = [T.device("dev-b", leaf) for leaf in ("BIRTH", "STATE", "DEATH", "ACK", "CMD")]
-    forbidden += [T.fog_state(), T.rebirth(), T.summary(), T.release(), "fogline/v1/s2/fog/CTL", "other/topic"]
+    forbidden += [T.fog_state(), T.rebirth(), T.summary(), T.release(), "fogline/v1/s2/fog/CTL/dev-a", "other/topic"]
     for topic in forbidden:
         a.publish(topic, b"forged", qos=1)
     a.publish(T.device("dev-a", "STATE"), b"own state", qos=1)
@@ -196,18 +196,24 @@ def test_device_writes_only_under_its_own_prefix(pki: Pki, broker: MosquittoBrok
 
 
 def test_device_data_plane_exceptions(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
-    """A hop forwards relay frames to any device's ACT and answers only the fog (results are sealed)."""
+    """A hop forwards relay frames to any device's ACT and answers only the fog (results are sealed),
+    always under its own name: never as another device, never on a topic that names no sender."""
     q: queue.Queue[Inbound] = queue.Queue()
     client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q})
     a = client(made, "dev-a", broker, pki.tls("dev-a"))
     wait_live(q, a, T.device("dev-a", "STATE"))
-    a.publish(T.device("dev-b", "ACT"), b"activation", qos=1)
-    a.publish(T.reply("fog-1"), b"result", qos=1)
+    a.publish(T.activation("dev-b", "dev-a"), b"activation", qos=1)
+    a.publish(T.activation("dev-b", "dev-b"), b"forged sender", qos=1)
+    a.publish(T.activation("dev-b", "fog-1"), b"forged sender", qos=1)
+    a.publish(f"{T.base}/dev/dev-b/ACT", b"no sender", qos=1)
+    a.publish(T.result("fog-1", "dev-a"), b"result", qos=1)
+    a.publish(T.result("fog-1", "dev-b"), b"forged sender", qos=1)
+    a.publish(T.reply("fog-1"), b"no sender", qos=1)
     a.publish(T.reply("client-7"), b"forged result", qos=1)
     a.publish(T.reply("op-1"), b"forged result", qos=1)
     a.publish(T.device("dev-a", "STATE"), MARK, qos=1)
     seen = drain_until_marker(q)
-    assert [m.topic for m in seen] == [T.device("dev-b", "ACT"), T.reply("fog-1")]
+    assert [m.topic for m in seen] == [T.activation("dev-b", "dev-a"), T.result("fog-1", "dev-a")]
 
 
 def test_device_reads_only_its_own_commands(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
@@ -217,7 +223,7 @@ def test_device_reads_only_its_own_commands(pki: Pki, broker: MosquittoBroker, m
     client(made, "dev-a", broker, pki.tls("dev-a"), {"fogline/v1/#": q})
     wait_live(q, fog, T.device("dev-a", "CMD"))
     fog.publish(T.device("dev-b", "CMD"), b"for b", qos=1)
-    fog.publish(T.device("dev-b", "ACT"), b"for b", qos=1)
+    fog.publish(T.activation("dev-b", "fog-1"), b"for b", qos=1)
     fog.publish(T.reply("dev-b"), b"for b", qos=1)
     fog.publish(T.release(), b"release", qos=1)
     fog.publish(T.rebirth(), b"rebirth", qos=1)
@@ -236,9 +242,11 @@ def test_cloud_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient])
     wait_live(q_cloud, fog, T.summary())
     cloud.publish(T.device("dev-a", "CMD"), b"forged cmd", qos=1)
     cloud.publish(T.fog_state(), b"forged state", qos=1)
-    cloud.publish(T.control(), b"ctl", qos=1)
+    cloud.publish(T.control("op-1"), b"ctl as another", qos=1)
+    cloud.publish(f"{T.base}/fog/CTL", b"ctl naming no one", qos=1)
+    cloud.publish(T.control("cloud-1"), b"ctl", qos=1)
     cloud.publish(T.release(), MARK, qos=1)
-    assert [m.topic for m in drain_until_marker(q_fog)] == [T.control()]
+    assert [m.topic for m in drain_until_marker(q_fog)] == [T.control("cloud-1")]
     fog.publish(T.device("dev-a", "STATE"), b"device detail", qos=1)
     fog.publish(T.reply("op-1"), b"someone else's answer", qos=1)
     fog.publish(T.reply("cloud-1"), b"answer", qos=1)
@@ -252,25 +260,26 @@ def test_operator_and_app_rights(pki: Pki, broker: MosquittoBroker, made: list[M
     client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
     op = client(made, "op-1", broker, pki.tls("op-1"))
     app = client(made, "app-1", broker, pki.tls("app-1"))
-    wait_live(q_fog, op, T.control())
-    for c, name in ((app, b"app"), (op, b"op")):
+    wait_live(q_fog, op, T.control("op-1"))
+    for c, name, other in ((app, "app-1", "op-1"), (op, "op-1", "app-1")):
         for topic in (T.device("dev-a", "CMD"), T.device("dev-a", "BIRTH"), T.release(), T.summary(),
-                      T.fog_state(), T.reply("fog-1")):
+                      T.fog_state(), T.reply("fog-1"), T.control(other), T.infer(other), T.control("fog-1"),
+                      f"{T.base}/fog/CTL", f"{T.base}/fog/INFER"):
             c.publish(topic, b"forged", qos=1)
-        c.publish(T.control(), name + b" ctl", qos=1)
-        c.publish(T.infer(), name + b" infer", qos=1)
-        c.publish(T.control(), MARK, qos=1)
+        c.publish(T.control(name), b"ctl", qos=1)
+        c.publish(T.infer(name), b"infer", qos=1)
+        c.publish(T.control(name), MARK, qos=1)
         assert [(m.topic, m.payload) for m in drain_until_marker(q_fog)] == [
-            (T.control(), name + b" ctl"), (T.infer(), name + b" infer")]
+            (T.control(name), b"ctl"), (T.infer(name), b"infer")]
 
 
 def test_oversized_publish_never_reaches_anyone(pki: Pki, broker: MosquittoBroker, made: list[MqttClient]) -> None:
     q: queue.Queue[Inbound] = queue.Queue()
     client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q})
     op = client(made, "op-1", broker, pki.tls("op-1"))
-    wait_live(q, op, T.control())
-    op.publish(T.control(), b"x" * (2 << 20), qos=1)  # over the broker's message_size_limit
+    wait_live(q, op, T.control("op-1"))
+    op.publish(T.control("op-1"), b"x" * (2 << 20), qos=1)  # over the broker's message_size_limit
     time.sleep(0.5)
     op2 = op if op.connected else client(made, "op-1", broker, pki.tls("op-1"))
-    op2.publish(T.control(), MARK, qos=1)
+    op2.publish(T.control("op-1"), MARK, qos=1)
     assert drain_until_marker(q) == []

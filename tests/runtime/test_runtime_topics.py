@@ -16,15 +16,26 @@ from runtime_strategies import bounded, ids
 @given(site=ids, dev=ids)
 def test_builders_parse_back(site: str, dev: str) -> None:
     t = Topics(site)
-    for leaf in sorted(topics.DEVICE_LEAVES):
-        assert parse(t.device(dev, leaf)) == ParsedTopic(site, "dev", dev, leaf)
+    for leaf in sorted(topics.OWN_LEAVES):
+        assert parse(t.device(dev, leaf)) == ParsedTopic(site, "dev", dev, leaf, dev)
+    assert parse(t.device(dev, "CMD")) == ParsedTopic(site, "dev", dev, "CMD")
+    assert parse(t.activation(dev, site)) == ParsedTopic(site, "dev", dev, "ACT", site)
     assert parse(t.fog_state()) == ParsedTopic(site, "fog", "", "STATE")
     assert parse(t.rebirth()) == ParsedTopic(site, "fog", "", "REBIRTH")
-    assert parse(t.infer()) == ParsedTopic(site, "fog", "", "INFER")
-    assert parse(t.control()) == ParsedTopic(site, "fog", "", "CTL")
+    assert parse(t.infer(dev)) == ParsedTopic(site, "fog", "", "INFER", dev)
+    assert parse(t.control(dev)) == ParsedTopic(site, "fog", "", "CTL", dev)
     assert parse(t.summary()) == ParsedTopic(site, "fog", "", "SUMMARY")
     assert parse(t.release()) == ParsedTopic(site, "cloud", "", "RELEASE")
     assert parse(t.reply(dev)) == ParsedTopic(site, "reply", dev, "")
+    assert parse(t.result(site, dev)) == ParsedTopic(site, "reply", site, "", dev)
+
+
+def test_an_activation_topic_names_its_sender() -> None:
+    from runtime.errors import LocalViolation
+    with pytest.raises(LocalViolation):
+        Topics("s").device("d", "ACT")
+    assert mqtt.topic_matches_sub(Topics("s").activation("d", "+"), Topics("s").activation("d", "e"))
+    assert not mqtt.topic_matches_sub(Topics("s").activation("d", "+"), Topics("s").activation("x", "e"))
 
 
 @bounded(60)
@@ -52,7 +63,14 @@ def test_filters_match_what_they_should(site: str, dev: str) -> None:
     "fogline/v1/site/dev/d1/birth",
     "fogline/v1/site/fog/STATE/extra",
     "fogline/v1/site/cloud",
-    "fogline/v1/site/reply/c1/x",
+    "fogline/v1/site/reply/c1/x/y",
+    "fogline/v1/site/dev/d1/ACT",
+    "fogline/v1/site/dev/d1/ACT/a/b",
+    "fogline/v1/site/dev/d1/STATE/d1",
+    "fogline/v1/site/fog/CTL",
+    "fogline/v1/site/fog/INFER",
+    "fogline/v1/site/fog/STATE/x",
+    "fogline/v1/site/fog/CTL/a b",
     "fogline/v1/site/unknown/x",
     "fogline/v1//fog/STATE",
     "fogline/v1/site/dev//BIRTH",

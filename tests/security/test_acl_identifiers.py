@@ -99,25 +99,26 @@ def test_newline_id_is_refused_and_the_acl_still_confines_devices(site: LocalSit
         check_acl(_acl_text(site))
         # an ordinary device cannot read others' control requests ...
         q_dev: queue.Queue[Inbound] = queue.Queue()
-        d = _connect("dev-ok", site, dev, {T.control(): q_dev, T.device("dev-ok", "ACT"): q_dev}, made)
+        d = _connect("dev-ok", site, dev, {T.control("+"): q_dev, T.activation("dev-ok", "+"): q_dev}, made)
         q_obs: queue.Queue[Inbound] = queue.Queue()
         o = _connect("dev-obs", site, obs, {T.fog_state(): q_obs, T.device("dev-obs", "CMD"): q_obs,
-                                            T.device("dev-obs", "ACT"): q_obs}, made)
-        wait_live(q_dev, o, T.device("dev-ok", "ACT"))
-        wait_live(q_obs, d, T.device("dev-obs", "ACT"))
+                                            T.activation("dev-obs", "+"): q_obs}, made)
+        wait_live(q_dev, o, T.activation("dev-ok", "dev-obs"))
+        wait_live(q_obs, d, T.activation("dev-obs", "dev-ok"))
         from runtime.credentials import load_credentials
         c = load_credentials(site.credentials())
         admin = MqttClient(c.name, "127.0.0.1", site.port, tls=c.tls_for(c.fog.fog_id))
         made.append(admin)
         admin.start()
         assert admin.wait_connected(10)
-        assert admin.publish(T.control(), b"an operator's request", qos=1).wait(5)
-        o.publish(T.device("dev-ok", "ACT"), MARK, qos=1)
+        assert admin.publish(T.control(c.name), b"an operator's request", qos=1).wait(5)
+        o.publish(T.activation("dev-ok", "dev-obs"), MARK, qos=1)
         assert drain_until_marker(q_dev) == []
         # ... nor publish on another device's or a fog-only topic
         d.publish(T.fog_state(), b"forged fog state", qos=1)
         d.publish(T.device("dev-obs", "CMD"), b"forged command", qos=1)
-        d.publish(T.device("dev-obs", "ACT"), MARK, qos=1)
+        d.publish(T.activation("dev-obs", "fog-default"), b"as the fog", qos=1)
+        d.publish(T.activation("dev-obs", "dev-ok"), MARK, qos=1)
         assert drain_until_marker(q_obs) == []
     finally:
         for m in made:

@@ -145,7 +145,7 @@ def _pending_infer(c: Any, rid: str, x: np.ndarray, box: list[Any]) -> threading
     def run() -> None:
         try:
             box.append(c._await(rid, c._seal(InferenceRequest(rid, "w", c.reply_topic, {"x": x}, 10.0)),
-                                c.topics.infer(), 14.0))
+                                c.topics.infer(c.client_id), 14.0))
         except Exception as exc:  # noqa: BLE001 - handed to the test thread
             box.append(exc)
     t = threading.Thread(target=run, daemon=True)
@@ -186,7 +186,8 @@ def test_an_enrolled_device_reads_no_one_else_s_traffic(plane: Plane) -> None:
     topics = {first.topic}
     while not got.empty():
         topics.add(got.get_nowait().topic)
-    allowed = {T.fog_state(), T.time(), T.rebirth(), T.device(EVIL, "CMD"), T.device(EVIL, "ACT")}
+    allowed = {T.fog_state(), T.time(), T.rebirth(), T.device(EVIL, "CMD")} | {
+        T.activation(EVIL, n) for n in ("fog-default", DEV)}
     assert topics <= allowed, f"an enrolled device read {sorted(topics - allowed)}"
 
 
@@ -205,7 +206,10 @@ def test_an_enrolled_device_cannot_answer_someone_else_s_inference(plane: Plane)
             e = plane.evil_client()
             try:
                 res = InferenceResult(f"{rid}#1", True, forged, "", DEV, 0, 0.001)
-                for topic in (FOG_REPLY, c.reply_topic):
+                # its own result topic (the one it may write), and the ones it may not: the victim's,
+                # the fog's without a sender (the old layout), the admin's reply topic
+                for topic in (T.result("fog-default", EVIL), T.result("fog-default", DEV), FOG_REPLY,
+                              c.reply_topic):
                     e.publish(topic, Signer(evil, 0).seal_bytes(res, time.time()), qos=1).wait(5)      # as itself
                     e.publish(topic, Signer(impostor, 0).seal_bytes(res, time.time()), qos=1).wait(5)  # as the victim
                     e.publish(topic, codec.encode(res), qos=1).wait(5)                                # unsigned
@@ -219,8 +223,8 @@ def test_an_enrolled_device_cannot_answer_someone_else_s_inference(plane: Plane)
             def counted() -> dict[str, Any] | None:
                 ctr = _watch(plane.site)["counters"]
                 return ctr if (ctr.get("router.wrong sender", 0) > base.get("router.wrong sender", 0)
-                               and ctr.get("rejected:result bad signature", 0)
-                               > base.get("rejected:result bad signature", 0)
+                               and ctr.get("rejected:signer not topic", 0)
+                               > base.get("rejected:signer not topic", 0)
                                and unsigned(ctr) >= unsigned(base) + 2) else None
             wait_for(counted, 8, "the fog refused the forged results")
             assert not box  # still waiting for the real answer
@@ -247,7 +251,7 @@ def test_results_go_only_to_the_requester(plane: Plane) -> None:
         with site.client() as c:
             base = c.status()["counters"].get("rejected:reply_to", 0)
             req = InferenceRequest(uuid.uuid4().hex, "w", T.reply("watch"), {"x": x}, 5.0)
-            assert c._mqtt.publish(T.infer(), c._seal(req)[0], qos=1).wait(5)
+            assert c._mqtt.publish(T.infer(c.client_id), c._seal(req)[0], qos=1).wait(5)
             wait_for(lambda: c.status()["counters"].get("rejected:reply_to", 0) > base, 10, "reply_to refused")
             assert c.infer("w", {"x": x}, timeout=10)["logits"].shape == (1, 10)  # its own topic: answered
         time.sleep(0.3)
@@ -280,7 +284,7 @@ def test_a_stray_refusal_does_not_end_a_pending_inference(plane: Plane) -> None:
                 assert a.wait_connected(10)
                 forged = Signer(Identity("admin", app.signing._key), 1)
                 req = ControlRequest("x", "status", T.reply("admin"), b"{}")
-                assert a.publish(T.control(), forged.seal_bytes(req, time.time()), qos=1).wait(5)
+                assert a.publish(T.control(app.name), forged.seal_bytes(req, time.time()), qos=1).wait(5)
             finally:
                 a.stop()
             time.sleep(1.0)
@@ -303,22 +307,26 @@ def test_an_enrolled_device_cannot_inject_or_replay_activations(plane: Plane) ->
                           time.time() + 30 if deadline is None else deadline)
 
     keys = {DEV: dev_key, EVIL: evil.public_key_bytes, "dev-x": Identity.generate("dev-x").public_key_bytes}
-    genuine = fog.frame(act(), keys)
-    tampered = codec.decode(genuine)
-    assert isinstance(tampered, Relay)
     as_fog = Identity("fog-default", evil._key)  # the attacker's key under the fog's name
+    mine = Hop(EVIL, "w", plane.version, 0, 0)  # the attacker as the hop before the victim's
+    after_me = (mine, hop)
+    # The attacker may write only dev/{DEV}/ACT/{EVIL}: frames sealed by anyone else (the fog's
+    # captured hop 0, another device) are refused there before any check ("wrong sender").
+    captured = fog.frame(act(), keys)
+    tampered = codec.decode(relay.seal(evil, fog.ticketed(act(route=after_me, n=1), keys)))
+    assert isinstance(tampered, Relay)
     frames = {
-        "bad ticket signature": FogSigner("fog-default", identity=as_fog).frame(act(), keys),
-        "wrong sender": relay.seal(evil, fog.ticketed(act(), keys)),
-        "bad signature": relay.seal(as_fog, fog.ticketed(act(), keys)),
-        "not my hop": fog.frame(act(route=(Hop("dev-x", "w", plane.version, 0, 0),)), keys),
-        "expired": fog.frame(act(deadline=time.time() - 120), keys),
+        "bad ticket signature": relay.seal(evil, FogSigner("fog-default", identity=as_fog).ticketed(
+            act(route=after_me, n=1), keys)),
+        "wrong sender": relay.seal(evil, fog.ticketed(act(), keys)),  # hop 0 comes from the fog
+        "not my hop": relay.seal(evil, fog.ticketed(act(route=(mine, Hop("dev-x", "w", plane.version, 0, 0)),
+                                                        n=1), keys)),
+        "expired": relay.seal(evil, fog.ticketed(act(route=after_me, n=1, deadline=time.time() - 120), keys)),
     }
-    # hop 1 of a genuine route whose previous hop is another device: the attacker is not that hop
-    two = (Hop("dev-x", "w", plane.version, 0, 0), hop)
-    second = [relay.seal(evil, fog.ticketed(act(route=two, n=1), keys)),
-              relay.seal(Identity("dev-x", evil._key), fog.ticketed(act(route=two, n=1), keys))]
+    others = [captured, relay.seal(Identity("dev-x", evil._key), fog.ticketed(act(route=(
+        Hop("dev-x", "w", plane.version, 0, 0), hop), n=1), keys))]  # sealed by others: not the topic's sender
     altered = codec.encode(replace(tampered, tensors=codec.encode(Tensors({"x": x * 1000}))))
+    genuine = relay.seal(evil, fog.ticketed(act(route=after_me, n=1), keys))
     before = wait_status(plane.dev_data, lambda s: "executor" in s)
     deadline = time.monotonic() + 10
     while True:  # the status file is rewritten on the agent's probe tick: wait until it has settled
@@ -330,8 +338,11 @@ def test_an_enrolled_device_cannot_inject_or_replay_activations(plane: Plane) ->
     answered = before["executor"]["answered"]
     e = plane.evil_client()
     try:
-        for frame in [*frames.values(), *second, altered, genuine, genuine]:
-            assert e.publish(T.device(DEV, "ACT"), frame, qos=1).wait(5)
+        for frame in [*frames.values(), *others, altered, genuine, genuine]:
+            assert e.publish(T.activation(DEV, EVIL), frame, qos=1).wait(5)
+        for frame in (captured, genuine):  # the topics of others (and the old one naming no sender): the ACL
+            for topic in (T.activation(DEV, "fog-default"), T.activation(DEV, "dev-x"), f"{T.base}/dev/{DEV}/ACT"):
+                e.publish(topic, frame, qos=1).wait(5)
     finally:
         e.stop()
 
@@ -341,7 +352,7 @@ def test_an_enrolled_device_cannot_inject_or_replay_activations(plane: Plane) ->
     st = wait_status(plane.dev_data, lambda s: rejected(s, "replayed") >= 1, timeout=15)
     time.sleep(0.5)
     st = agent_status(plane.dev_data)
-    expected = {"bad ticket signature": 1, "wrong sender": 1 + 1, "bad signature": 1 + 1 + 1,  # hop 1, altered
+    expected = {"bad ticket signature": 1, "wrong sender": 1 + 2, "bad signature": 1,  # + 2 sealed by others
                 "not my hop": 1, "expired": 1, "replayed": 1}
     assert {why: rejected(st, why) for why in expected} == expected
     assert st["executor"]["answered"] - answered == 1  # the genuine frame ran once, nothing else ran

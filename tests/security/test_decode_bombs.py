@@ -146,7 +146,7 @@ def test_bombs_to_an_agent_cost_it_no_memory(env: Site) -> None:
     e = connect(EVIL, env.site.port, tls_config(env.evil_data, "fog-default"))
     try:
         for item in (0x90, 0x80):
-            assert e.publish(T.device(DEV, "ACT"), bomb(item=item), qos=1).wait(60)  # devices may write ACT
+            assert e.publish(T.activation(DEV, EVIL), bomb(item=item), qos=1).wait(60)  # devices may write ACT
             assert e.publish(T.device(DEV, "CMD"), bomb(item=item), qos=1).wait(60)  # the ACL drops these
     finally:
         e.stop()
@@ -169,8 +169,8 @@ def test_bombs_to_the_fog_cost_it_no_memory(env: Site) -> None:
     op = connect("watch", env.site.port, watch.tls_for("fog-default"))
     try:
         for item in (0x90, 0x80):
-            assert op.publish(T.control(), bomb(item=item), qos=1).wait(60)
-            assert op.publish(T.infer(), bomb(item=item), qos=1).wait(60)
+            assert op.publish(T.control("watch"), bomb(item=item), qos=1).wait(60)
+            assert op.publish(T.infer("watch"), bomb(item=item), qos=1).wait(60)
     finally:
         op.stop()
     co = connect("coord-b", env.site.port, coord.tls_for("fog-default"))
@@ -180,7 +180,7 @@ def test_bombs_to_the_fog_cost_it_no_memory(env: Site) -> None:
         co.stop()
     e = connect(EVIL, env.site.port, tls_config(env.evil_data, "fog-default"))
     try:
-        assert e.publish(T.reply("fog-default"), bomb(), qos=1).wait(60)  # devices answer the fog here
+        assert e.publish(T.result("fog-default", EVIL), bomb(), qos=1).wait(60)  # devices answer the fog here
         for leaf in ("BIRTH", "STATE", "DEATH"):  # its own adverts: 16 MiB, and bombs under the 64 KiB advert cap
             assert e.publish(T.device(EVIL, leaf), bomb(), qos=1).wait(60)
             assert e.publish(T.device(EVIL, leaf), bomb(60 * 1024, 0x80), qos=1).wait(10)

@@ -235,7 +235,7 @@ def test_an_app_flooding_control_does_not_stall_others_status(site: Site) -> Non
     creds = load_credentials(site.site.credentials(APP))
     signer = Signer(creds.signing, time.time_ns() // 1_000_000)
     now = time.time()
-    frames = [(t.control(), signer.seal_bytes(ControlRequest(f"r{i}", "hello", t.reply(APP)), now))
+    frames = [(t.control(APP), signer.seal_bytes(ControlRequest(f"r{i}", "hello", t.reply(APP)), now))
               for i in range(3000)]  # fresh, validly signed requests (the cycle replays them after that)
     tls = creds.tls_for("fog-default")
     tls_d = {"ca_file": str(tls.ca_file), "cert_file": str(tls.cert_file), "key_file": str(tls.key_file),

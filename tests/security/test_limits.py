@@ -106,18 +106,18 @@ def test_publish_over_the_limit_never_reaches_a_subscriber(site: LocalSite, devi
     limit = int(next(ln.split()[1] for ln in conf.splitlines() if ln.startswith("message_size_limit ")))
     assert 16 * MiB < limit <= 32 * MiB  # above the largest legitimate message (a deploy), far below 200 MiB
     got: queue.Queue[Inbound] = queue.Queue()
-    c = _connect(dev, site.port, tls_config(data, "fog-default"), {T.device(dev, "ACT"): got.put})
+    c = _connect(dev, site.port, tls_config(data, "fog-default"), {T.activation(dev, "+"): got.put})
     try:
-        c.publish(T.device(dev, "ACT"), b"small", qos=1).wait(5)
+        c.publish(T.activation(dev, dev), b"small", qos=1).wait(5)
         assert got.get(timeout=10).payload == b"small"  # the legitimate path: the subscription works
-        c.publish(T.device(dev, "ACT"), b"\x00" * (limit + MiB), qos=0)
+        c.publish(T.activation(dev, dev), b"\x00" * (limit + MiB), qos=0)
         time.sleep(1.0)
         # disconnected for it is fine too (paho reconnects and resubscribes), as long as nothing arrives:
         # a marker published after it, on the same topic, must be the next thing delivered
         seen: list[int] = []
         for _ in range(10):
-            assert c.wait_connected(10) and c.wait_subscribed(T.device(dev, "ACT"), 10)
-            c.publish(T.device(dev, "ACT"), b"marker", qos=1).wait(5)
+            assert c.wait_connected(10) and c.wait_subscribed(T.activation(dev, "+"), 10)
+            c.publish(T.activation(dev, dev), b"marker", qos=1).wait(5)
             try:
                 while (m := got.get(timeout=2)).payload != b"marker":
                     seen.append(len(m.payload))
@@ -141,7 +141,7 @@ def test_oversized_publish_is_refused_before_the_broker_buffers_it(site: LocalSi
     before = _hwm_kb(pid)
     c = _connect(dev, site.port, tls_config(data, "fog-default"))
     try:
-        c.publish(T.device(dev, "ACT"), b"\x00" * (96 * MiB), qos=0)
+        c.publish(T.activation(dev, dev), b"\x00" * (96 * MiB), qos=0)
         time.sleep(3.0)
     finally:
         c.stop()
@@ -228,11 +228,12 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
     c = _connect(op.name, site.port, op.tls_for(op.fog.fog_id), {T.reply(op.name): on_reply})
     try:
         # unsigned: no answer at all
-        c.publish(T.control(), codec.encode(ControlRequest("s1", "status", T.reply(op.name), b"{}")), qos=1).wait(5)
+        c.publish(T.control(op.name), codec.encode(ControlRequest("s1", "status", T.reply(op.name), b"{}")),
+                  qos=1).wait(5)
         # signed under the issued name with a key nobody issued: a one-line refusal, no status
         rogue = Signer(Identity.generate(op.name), 1)
         forged = rogue.seal(ControlRequest("s2", "status", T.reply(op.name), b"{}"), time.time())
-        c.publish(T.control(), codec.encode(forged), qos=1).wait(5)
+        c.publish(T.control(op.name), codec.encode(forged), qos=1).wait(5)
         reply = got.get(timeout=10)
         from fog_broker.control import refusal_id
         assert isinstance(reply, ControlReply) and not reply.ok and reply.body == b""
@@ -240,7 +241,7 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
         assert reply.error.startswith("request refused") and "\n" not in reply.error
         # a signed request with the issued key works on the same connection (the legitimate path)
         good = Signer(op.signing, time.time_ns() // 1_000_000)  # a fresh epoch, as FogClient does
-        c.publish(T.control(), good.seal_bytes(ControlRequest("s3", "status", T.reply(op.name), b"{}"),
+        c.publish(T.control(op.name), good.seal_bytes(ControlRequest("s3", "status", T.reply(op.name), b"{}"),
                                                time.time()), qos=1).wait(5)
         ok = got.get(timeout=10)
         assert isinstance(ok, ControlReply) and ok.ok and ok.request_id == "s3"
@@ -259,7 +260,7 @@ def test_status_needs_a_signed_request_from_an_issued_identity(site: LocalSite, 
     d = _connect(dev, site.port, tls_config(data, "fog-default"), {T.reply(dev): seen.put, T.reply("#"): seen.put},
                  granted=False)
     try:
-        d.publish(T.control(), Signer(dev_ident, 1).seal_bytes(ControlRequest("s4", "status", T.reply(dev), b"{}"),
+        d.publish(T.control(dev), Signer(dev_ident, 1).seal_bytes(ControlRequest("s4", "status", T.reply(dev), b"{}"),
                                                                time.time()), qos=1).wait(5)
         with pytest.raises(queue.Empty):
             seen.get(timeout=2.0)

@@ -88,32 +88,33 @@ def _counters(site: LocalSite) -> dict[str, int]:
 def test_a_key_nobody_issued_controls_nothing(site: LocalSite) -> None:
     """Self-chosen names with fresh keys, over a real (app) TLS connection: no deploy, no delete."""
     app = _issued(site, "app-m", "app")
-    before = _counters(site).get("control.rejected:unknown sender", 0)
+    before = _counters(site).get("control.rejected:signer not topic", 0)
     c = _raw(app, site.port)
     try:
         for name, action, body in (("mallory", "deploy", b'{"name": "pwned", "model": "zoo:mlp", "source": "d", '
                                                          b'"sink": "d"}'),
                                    ("mallory2", "delete", b'{"name": "victim"}')):
             signer = Signer(Identity.generate(name), 1)
-            assert c.publish(T.control(), _request(signer, f"r-{name}", action, T.reply(name), body)).wait(5)
+            assert c.publish(T.control("app-m"), _request(signer, f"r-{name}", action, T.reply(name), body)).wait(5)
     finally:
         c.stop()
-    wait_for(lambda: _counters(site).get("control.rejected:unknown sender", 0) >= before + 2, 10,
+    # on the app's own topic (the only one it may write) and signed by another name: dropped unchecked
+    wait_for(lambda: _counters(site).get("control.rejected:signer not topic", 0) >= before + 2, 10,
              "the fog to see the forged requests", interval=0.2)
     assert _workloads(site) == {"victim"}
 
 
 def test_a_valid_certificate_signing_as_another_name_is_refused(site: LocalSite) -> None:
     app = _issued(site, "app-n", "app")
-    before = _counters(site).get("control.rejected:bad signature", 0)
+    before = _counters(site).get("control.rejected:signer not topic", 0)
     c = _raw(app, site.port)
     try:
         forged = Signer(Identity("admin", app.signing._key), 1)  # the app's own key, the admin's name
-        assert c.publish(T.control(), _request(forged, "r-as-admin", "delete", T.reply("admin"),
+        assert c.publish(T.control("app-n"), _request(forged, "r-as-admin", "delete", T.reply("admin"),
                                                b'{"name": "victim"}')).wait(5)
     finally:
         c.stop()
-    wait_for(lambda: _counters(site).get("control.rejected:bad signature", 0) >= before + 1, 10,
+    wait_for(lambda: _counters(site).get("control.rejected:signer not topic", 0) >= before + 1, 10,
              "the fog to see the forged request", interval=0.2)
     assert "victim" in _workloads(site)
 
@@ -168,13 +169,13 @@ def test_a_refusal_in_someone_else_s_name_is_told_apart(site: LocalSite) -> None
         mine = Signer(victim.signing, time.time_ns() // 1_000_000)
         # the stray: the app's key under op-v's name, sent by the app
         forged = Signer(Identity("op-v", app.signing._key), 1)
-        assert a.publish(T.control(), _request(forged, "theirs", "status", T.reply("op-v"))).wait(5)
-        assert v.publish(T.control(), _request(mine, "sync1", "hello", T.reply("op-v"))).wait(5)
+        assert a.publish(T.control("app-v"), _request(forged, "theirs", "status", T.reply("op-v"))).wait(5)
+        assert v.publish(T.control("op-v"), _request(mine, "sync1", "hello", T.reply("op-v"))).wait(5)
         strays = replies_until("sync1")
         # op-v's own refused request: the same reason (a bad signature under its name), sent by op-v
         broken = Signer(Identity("op-v", Identity.generate("x")._key), 2)
-        assert v.publish(T.control(), _request(broken, "own", "status", T.reply("op-v"))).wait(5)
-        assert v.publish(T.control(), _request(mine, "sync2", "hello", T.reply("op-v"))).wait(5)
+        assert v.publish(T.control("op-v"), _request(broken, "own", "status", T.reply("op-v"))).wait(5)
+        assert v.publish(T.control("op-v"), _request(mine, "sync2", "hello", T.reply("op-v"))).wait(5)
         own = replies_until("sync2")
     finally:
         a.stop()
