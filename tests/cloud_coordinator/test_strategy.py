@@ -119,6 +119,7 @@ def test_nan_client_with_trimmed_mean_n3_is_a_failed_attempt_not_a_crash(tmp_pat
     assert np.all(_flat(res.arrays) == 0.0)  # the model was kept, the loop went on
 
 
+@pytest.mark.integration
 def test_f_too_large_for_the_clients_is_one_line_and_nothing_lost(tmp_path: Path) -> None:
     s = RobustStrategy("bulyan", f=1, checkpoint_dirs=[tmp_path], max_attempts=1, round_timeout=1.0,
                        fraction_evaluate=0.0)  # needs 7
