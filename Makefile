@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-stress test-arm64 test-fast check bench venv mosquitto chromium clean
+.PHONY: demo test test-stress test-flaky test-arm64 test-fast check bench venv mosquitto chromium clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,10 +44,22 @@ PYTEST_ARGS ?= tests
 # the run before pytest. SKIP_CHECK=1 skips the gate for a quick local run
 # (make test SKIP_CHECK=1 PYTEST_ARGS="tests/runtime -x"); CI never sets it.
 GATE := $(if $(filter 1,$(SKIP_CHECK)),,check)
+# The tiers run as separate pytest steps, in order: unit, integration, serial, e2e
+# (tests/run_tiers.py; the markers are checked by tests/conftest.py). The first failing step stops
+# the run. Worker processes per parallel step (2 for integration by measurement: README, Tests):
+UNIT_WORKERS ?= 2
+INTEGRATION_WORKERS ?= 2
+TEST_ENV := PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+TIERS := $(BIN)/python tests/run_tiers.py --unit-workers $(UNIT_WORKERS) \
+  --integration-workers $(INTEGRATION_WORKERS)
 test: $(STAMP) $(GATE) mosquitto chromium
 	@$(if $(GATE),,echo "SKIP_CHECK=1: this run skips the static gate (make check)")
-	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
-	  $(BIN)/pytest -q --durations=15 $(PYTEST_ARGS)
+	$(TEST_ENV) $(TIERS) -- $(PYTEST_ARGS)
+
+# make test-flaky N=5: the integration, serial and e2e tiers N times; lists every test that failed once.
+N ?= 5
+test-flaky: $(STAMP) mosquitto chromium
+	$(TEST_ENV) $(TIERS) --flaky $(N) -- $(PYTEST_ARGS)
 
 # make test beside STRESS_HOGS CPU-burning processes (the suite must not need a quiet machine);
 # the hogs live as long as the run and it prints the suite's time.
@@ -78,9 +90,9 @@ test-arm64: $(STAMP) mosquitto
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FOGLINE_ARM64=1 FLWR_TELEMETRY_ENABLED=0 \
 	  $(BIN)/pytest -q -s tests/arm64/test_agent_arm64.py
 
+# The unit tier alone (no process, no socket, no sleep): minutes, not half an hour.
 test-fast: $(STAMP) $(GATE)
-	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \
-	  $(BIN)/pytest -q -m "not slow" tests
+	$(TEST_ENV) $(TIERS) --tiers unit -- $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 \

@@ -1,12 +1,55 @@
-"""Shared fixtures: a real mosquitto on 127.0.0.1 (integration tests in every package use it)."""
+"""Shared fixtures (a real mosquitto on 127.0.0.1) and the tier check (``tier_guard``).
+
+Tiers: an unmarked test is a unit test (no process, no socket, no sleep: checked);
+``pytest.mark.integration`` starts real processes; ``pytest.mark.e2e`` (old name ``slow``) is a
+whole-system giant. ``pytest.mark.serial`` keeps an integration test out of the parallel step.
+``tests/run_tiers.py`` (``make test``) runs them as separate steps.
+"""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from tier_guard import check, guard, tier_of
 
 from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``slow`` is the old name of ``e2e``: give its tests the ``e2e`` marker before ``-m`` selects."""
+    for item in items:
+        if tier_of(item) == "e2e" and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _guarded(item: pytest.Item, unit: bool = True) -> Generator[None, None, None]:
+    if not unit or tier_of(item) != "unit":
+        yield
+        return
+    with guard(item.nodeid) as did:
+        yield
+    check(item, did)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, None, None]:
+    """Only the test's own fixtures: module and session ones torn down here may be another tier's."""
+    same_module = nextitem is not None and getattr(nextitem, "module", None) is getattr(
+        item, "module", None)
+    return (yield from _guarded(item, unit=same_module))
 
 
 @pytest.fixture

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 HOGS = Path(__file__).with_name("hogs.py")
 # a double fork into a new session: the classic orphan (as a mosquitto that outlives its fog)
 ORPHAN = "import subprocess; subprocess.Popen(['sleep', '300'], start_new_session=True)"

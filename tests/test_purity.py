@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("runtime", "models", "edge_agent", "fog_broker", "cloud_coordinator", "simulations")
@@ -39,48 +40,37 @@ FORBIDDEN_MEMBERS = frozenset({
     "os.system", "os.popen", "os.fork", "os.kill", "os.environ", "os.getenv", "os.putenv",
     "os.open", "os.fsync", "os.remove", "os.unlink", "os.rename", "os.replace", "os.mkdir",
     "os.makedirs", "os.listdir", "os.scandir", "os.walk", "os.urandom",
+    # the file system through os and os.path (string-only helpers such as os.path.join are fine)
+    "os.stat", "os.lstat", "os.access", "os.getcwd", "os.chdir", "os.chmod", "os.chown",
+    "os.truncate", "os.readlink", "os.symlink", "os.link", "os.rmdir", "os.removedirs",
+    "os.utime", "os.statvfs", "os.path.exists", "os.path.lexists", "os.path.isfile",
+    "os.path.isdir", "os.path.islink", "os.path.ismount", "os.path.getsize", "os.path.getmtime",
+    "os.path.getatime", "os.path.getctime", "os.path.realpath", "os.path.abspath",
+    "os.path.samefile", "os.path.expanduser", "os.path.expandvars",
+})
+# pathlib's I/O methods, found as method calls on any object (a core handed a Path needs no import
+# of pathlib to read it): ``x.read_text()`` is reported as ``Path.read_text``. Names that plain
+# values share (``str.replace``, ``ast.walk``, ``re.Match.group``) are left out.
+PATH_IO = frozenset({
+    "read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "glob", "rglob", "mkdir",
+    "rmdir", "unlink", "touch", "exists", "is_file", "is_dir", "is_symlink", "is_mount", "stat",
+    "lstat", "symlink_to", "hardlink_to", "readlink", "expanduser", "absolute", "resolve",
+    "samefile", "chmod", "lchmod", "open", "cwd", "home",
 })
 SEEDED = frozenset({"random.Random", "numpy.random.default_rng", "numpy.random.Generator",
                     "numpy.random.SeedSequence", "numpy.random.PCG64", "numpy.random.BitGenerator"})
 GLOBAL_RANDOM = ("random.", "numpy.random.")
 
-# The pure cores: the ones ARCHITECTURE.md names (scheduler, registry state machine, aggregators,
-# cut finder, checkpoint policy) and every module whose docstring says "pure".
-PURE = [
-    # fog broker: placement (scheduler, chain solver, cost model), registry, controller, router, ...
-    "fog_broker.placement", "fog_broker.placement.chain", "fog_broker.placement.cost",
-    "fog_broker.placement.explain", "fog_broker.placement.metrics", "fog_broker.placement.model",
-    "fog_broker.placement.plugins", "fog_broker.placement.scheduler",
-    "fog_broker.placement.validate",
-    "fog_broker.registry", "fog_broker.registry._core", "fog_broker.controller",
-    "fog_broker.controller._core", "fog_broker.router", "fog_broker.oip", "fog_broker.api_auth",
-    "fog_broker.trust", "fog_broker.calibration", "fog_broker.ratelimit", "fog_broker.site_core",
-    "fog_broker.slow_stages",
-    # cloud coordinator: aggregators, attacks, checkpoint policy, rollout (and its clock), selection
-    "cloud_coordinator.aggregation", "cloud_coordinator.aggregation._errors",
-    "cloud_coordinator.aggregation._kernels", "cloud_coordinator.aggregation._parallel",
-    "cloud_coordinator.aggregation._result", "cloud_coordinator.aggregation._rows",
-    "cloud_coordinator.aggregation._validate", "cloud_coordinator.aggregation.clipping",
-    "cloud_coordinator.aggregation.distances", "cloud_coordinator.aggregation.preagg",
-    "cloud_coordinator.aggregation.registry", "cloud_coordinator.aggregation.rules",
-    "cloud_coordinator.attacks", "cloud_coordinator.layout", "cloud_coordinator.policy",
-    "cloud_coordinator.rollout", "cloud_coordinator.rounds", "cloud_coordinator.selection",
-    "cloud_coordinator.supervision",
-    # models: graph analysis, profile, the cut finder, partitions, the zoo, numpy trainers
-    "models.errors", "models.graph", "models.profile", "models.cuts", "models.partition",
-    "models.zoo", "models.train", "models.feeds",
-    # edge agent: advert builders, command checks, statistics, readings, simulated device, probes
-    "edge_agent.advertiser", "edge_agent.commands", "edge_agent.stats", "edge_agent.readings",
-    "edge_agent.simulated", "edge_agent.probes.cpu", "edge_agent.probes.thermal",
-    "edge_agent.probes.battery", "edge_agent.probes.jetson", "edge_agent.probes.pi",
-    "edge_agent.probes._sysfs", "edge_agent.probes.network", "edge_agent.probes.rapl",
-    "edge_agent.probes.energy", "edge_agent.profiles",
-    # runtime: the values every process shares, and the relay checks
-    "runtime.errors", "runtime._schema", "runtime.messages", "runtime.codec", "runtime.topics",
-    "runtime.relay", "runtime.verify", "runtime.devices", "runtime.attacks", "runtime.ratelimit",
-    # simulations: churn and WAN models, the goodput model
-    "simulations.churn", "simulations.wan", "simulations.goodput",
-]
+# The pure cores: ONE list, the import contract's in pyproject.toml ([[tool.importlinter.contracts]]
+# id "pure-cores"), so lint-imports and this test can never disagree about what is pure.
+def _pure_modules() -> list[str]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    (pure,) = [c for c in contracts if c["id"] == "pure-cores"]
+    return list(pure["source_modules"])
+
+
+PURE = _pure_modules()
 
 # Sanctioned uses, each with its reason: (module, forbidden name) -> why.
 ALLOWED = {
@@ -91,10 +81,21 @@ ALLOWED = {
         "FOGLINE_AGG_THREADS / OMP_NUM_THREADS size that pool",
     ("edge_agent.probes._sysfs", "open"):
         "the one reader, under a root path the caller passes (tests pass a fake /proc, /sys)",
+    ("edge_agent.probes._sysfs", "Path.glob"):
+        "lists entries under the same caller-given root (hwmon, thermal zones)",
 }
 
 # Cores that say they are pure and are not (yet). Fix the source, then delete the line.
-NOT_YET: dict[str, str] = {}
+_GRAPH_FILES = ("reads model files (models.graph: Path.read_bytes, Path.resolve; models.external: "
+                "os.path.realpath/isfile): needs a bytes-in core and a thin file shell")
+NOT_YET: dict[str, str] = {
+    "models.graph": _GRAPH_FILES,
+    "models.profile": _GRAPH_FILES,
+    "models.cuts": _GRAPH_FILES,
+    "models.partition": _GRAPH_FILES,
+    "cloud_coordinator.registration": "in the import contract (no runtime libraries) but logs, reads "
+                                      "the clock, runs a thread pool and writes files (runtime.files)",
+}
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,11 @@ def _scan(module: str, module_level_only: bool) -> tuple[tuple[str, ...], tuple[
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):  # a builtin: open(...)
             if node.func.id in FORBIDDEN_MEMBERS and node.func.id not in aliases:
                 uses.append(Use(module, node.lineno, node.func.id))
-        elif isinstance(node, ast.Attribute):
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in PATH_IO
+              and (_dotted(node.func, aliases) or "pathlib.").startswith("pathlib.")):
+            uses.append(Use(module, node.lineno, f"Path.{node.func.attr}"))
+        if isinstance(node, ast.Attribute):
             dotted = _dotted(node, aliases)
             if dotted and (dotted in FORBIDDEN_MEMBERS or _global_random(dotted)):
                 uses.append(Use(module, node.lineno, dotted))
@@ -246,3 +251,26 @@ def test_the_check_sees_lazy_imports_members_and_chains() -> None:
                for v in violations("edge_agent.executor"))
     assert any("uses os.environ" in v for v in violations("cloud_coordinator.settings"))
     assert any("uses open" in v for v in violations("runtime.security"))
+    assert any("uses os.path.realpath" in v for v in violations("models.external"))
+
+
+def test_a_planted_path_read_in_a_pure_core_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """File I/O through a Path object (no import of pathlib needed), os.stat and os.path fail."""
+    for name, body in {
+        "planted_read": "def f(p):\n    return p.read_text()\n",
+        "planted_stat": "import os\ndef f(p):\n    return os.stat(p).st_size\n",
+        "planted_ospath": "from os import path\ndef f(p):\n    return path.exists(p)\n",
+        "planted_cwd": "from pathlib import Path\nX = Path.cwd()\n",
+    }.items():
+        (tmp_path / "runtime").mkdir(exist_ok=True)
+        (tmp_path / "runtime" / f"{name}.py").write_text(body)
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    _scan.cache_clear()
+    try:
+        assert violations("runtime.planted_read") == ["runtime.planted_read:2 uses Path.read_text"]
+        assert violations("runtime.planted_stat") == ["runtime.planted_stat:3 uses os.stat"]
+        assert violations("runtime.planted_ospath") == ["runtime.planted_ospath:3 uses os.path.exists"]
+        assert violations("runtime.planted_cwd") == ["runtime.planted_cwd:2 uses Path.cwd"]
+    finally:
+        _scan.cache_clear()

@@ -8,6 +8,8 @@ import pytest
 
 from waiting import wait_for
 
+pytestmark = pytest.mark.integration
+
 
 def test_returns_the_first_truthy_value() -> None:
     counter = itertools.count()

@@ -15,13 +15,24 @@ import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from . import explain
 from .chain import ChainSolution, DeviceTable, solve_chain
-from .model import NO_SCHEDULE_EFFECTS, Device, Fleet, Quota, ReplicaPlacement, Workload
+from .model import (
+    NO_SCHEDULE_EFFECTS,
+    Battery,
+    ChainProfile,
+    Device,
+    Fleet,
+    Quota,
+    ReplicaPlacement,
+    Segment,
+    Taint,
+    Workload,
+)
 
 __all__ = [
     "Code", "Status", "Filter", "NodeView", "Context", "Tally", "filters", "first_failure",
@@ -105,7 +116,22 @@ class Tally:
     free_eligible: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class Examples:
+    """Devices a filter passes and fails, as changes to ``EXAMPLE_DEVICE`` (``dataclasses.replace``
+    keyword arguments), judged for ``EXAMPLE_WORKLOAD`` under ``EXAMPLE_CONTEXT`` with free bytes
+    equal to the device's memory. tests/fog_broker/test_plugin_paths.py checks each filter's
+    ``filter`` and ``batch`` on them and draws them into its random fleets, so a new filter is
+    covered by declaring its examples, with no edit to the test."""
+
+    passes: tuple[Mapping[str, Any], ...]
+    fails: tuple[Mapping[str, Any], ...]
+
+
 class Filter(Protocol):
+    #: Devices it passes and fails (see ``Examples``): every filter declares some of each.
+    examples: ClassVar[Examples]
+
     @property
     def name(self) -> str: ...
 
@@ -188,6 +214,8 @@ def _fail(plugin: Filter, code: Code = Code.UNFIT_FINAL) -> Status:
 
 
 class Alive:
+    examples: ClassVar[Examples] = Examples(passes=({},), fails=({"alive": False},))
+
     name = "Alive"
     gate = "alive"
     phrase = NOT_ALIVE
@@ -207,6 +235,10 @@ class Alive:
 
 
 class NodeSelector:
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"labels": (("zone", "x"), ("zone", "y"))}),
+        fails=({"labels": ()}, {"labels": (("zone", "y"),)}))
+
     name = "NodeSelector"
     gate = "selector"
     phrase = SELECTOR_MISMATCH
@@ -237,6 +269,11 @@ class NodeSelector:
 
 
 class TaintToleration:
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"taints": (Taint("edge", "", "PreferNoSchedule"),)}),
+        fails=({"taints": (Taint("gpu", "t", "NoSchedule"),)},
+               {"taints": (Taint("gpu", "u", "NoExecute"),)}))
+
     name = "TaintToleration"
     gate = "taint"
     phrase = UNTOLERATED_TAINT
@@ -271,6 +308,9 @@ class ProviderFit:
     A device that reported no providers is taken to run the CPU provider only.
     """
 
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"providers": ("CPUExecutionProvider", "CUDAExecutionProvider")}),
+        fails=({"providers": ()}, {"providers": ("CPUExecutionProvider",)}))
     name = "ProviderFit"
     gate = "providers"
     phrase = NO_PROVIDER
@@ -303,6 +343,9 @@ class ProviderFit:
 class EnergyFloor:
     """A battery device below ``floor`` (charge fraction) and not charging takes no new work."""
 
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"battery": Battery(10.0, 0.1, True)}, {"battery": Battery(10.0, 0.5)}),
+        fails=({"battery": Battery(10.0, 0.1)}, {"battery": Battery(10.0, 0.0)}))
     floor: float = 0.2
     name: str = "EnergyFloor"
     gate: str = "energy"
@@ -334,6 +377,7 @@ class NotThrottled:
     reason if no other device fits. Usable again once it reports unthrottled.
     """
 
+    examples: ClassVar[Examples] = Examples(passes=({},), fails=({"throttled": True},))
     name = "NotThrottled"
     gate = "throttled"
     phrase = THROTTLED
@@ -362,6 +406,7 @@ class VerifiedLead:
     later, never the one every request goes to first.
     """
 
+    examples: ClassVar[Examples] = Examples(passes=({},), fails=({"verified": False},))
     replica: int = 0
     measured_lead: bool = True
     name: str = "VerifiedLead"
@@ -396,6 +441,9 @@ class PowerDomainSpread:
     Stricter than per-partition anti-affinity, so it holds whatever the replicas' cuts are.
     """
 
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"labels": (("zone", "x"),)}),
+        fails=({"labels": (("zone", "x"), ("power-domain", "p0"))},))
     taken: frozenset[str] = field(default_factory=frozenset)
     name: str = "PowerDomainSpread"
     gate: str = "anti-affinity"
@@ -434,6 +482,8 @@ class MemoryFit:
     Last in ``filters``: its sentence, the ``fit`` line, sums up every verdict.
     """
 
+    examples: ClassVar[Examples] = Examples(
+        passes=({}, {"memory_bytes": 1e6}), fails=({"memory_bytes": 0.0}, {"memory_bytes": 999_999.0}))
     min_bytes: float = 0.0
     name: str = "MemoryFit"
     gate: str = "fit"
@@ -460,6 +510,18 @@ class MemoryFit:
         if workload.max_partitions is not None:
             sentence += f" (max_partitions {workload.max_partitions})"
         return f"{explain.fit_summary(tally.total, tally.fits, tally.hist)}; {sentence}"
+
+
+#: What every filter's ``examples`` are judged against: a plain device that passes them all, a
+#: workload that selects ``zone=x``, wants CUDA and tolerates nothing, and a context with a 20 %
+#: battery floor, the first replica, power domain ``p0`` taken and a 1 MB smallest segment.
+EXAMPLE_DEVICE = Device("example", flops=1e10, memory_bytes=1e9, uplink_bps=1e8, downlink_bps=1e8,
+                        labels=(("zone", "x"), ("power-domain", "p1")),
+                        providers=("CUDAExecutionProvider",))
+EXAMPLE_WORKLOAD = Workload("example", "example", "example", selectors=(("zone", "x"),),
+                            providers=("CUDAExecutionProvider",), profile=ChainProfile(
+                                "example", 1e3, (Segment("s0", 1e8, 9e5, 1e5, 1e3),)))
+EXAMPLE_CONTEXT = Context(battery_floor=0.2, replica=0, taken=frozenset({"p0"}), min_bytes=1e6)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -238,6 +238,7 @@ def _scrape(url: str, ctx: ssl.SSLContext | None = None) -> Samples:
         return samples(text_string_to_metric_families(resp.read().decode()))
 
 
+@pytest.mark.integration
 def test_the_exporter_serves_them_over_http(coordinator: dict[str, Any]) -> None:
     server = serve(coordinator["watch"], 0)  # loopback: plain HTTP
     try:
@@ -255,6 +256,7 @@ def test_the_exporter_serves_them_over_http(coordinator: dict[str, Any]) -> None
         server.close()
 
 
+@pytest.mark.integration
 def test_off_loopback_it_takes_only_site_certificates_with_the_status_right(coordinator: dict[str, Any]) -> None:
     work, table, tmp = coordinator["work"], coordinator["table"], coordinator["tmp"]
     with pytest.raises(LocalViolation, match="TLS with client certificates"):

@@ -144,6 +144,7 @@ def test_link_reports_a_cut_in_one_line_and_sends_nothing_into_it(table: Any, tm
     assert _cut_since(link) is None and link.info["reachable"] and link.info["error"] is None
 
 
+@pytest.mark.integration
 def test_service_pauses_for_the_awaited_site_and_reruns_a_cut_probe(table: Any, tmp_path: Path) -> None:
     svc = SiteService(tmp_path / "ck", table, Identity.generate("coordinator"))   # links built, never started
     r = Rollout("m", 2, "cd" * 32, "m-v000000002.release", Step.PROBE, canary="a", order=[],
@@ -163,6 +164,7 @@ def test_service_pauses_for_the_awaited_site_and_reruns_a_cut_probe(table: Any, 
     assert svc._event(ProbeCut("a", "m", 1)) == [] and not svc._cut_probes           # another rollout's: ignored
 
 
+@pytest.mark.integration
 def test_a_failing_command_or_poll_does_not_kill_the_link_thread(table: Any, tmp_path: Path) -> None:
     events: queue.Queue[Any] = queue.Queue()
     link = SiteLink(table.sites[0], tmp_path / "summaries", events)

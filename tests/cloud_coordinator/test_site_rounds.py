@@ -29,6 +29,8 @@ from cloud_coordinator.strategy import RobustStrategy
 
 from _grid import LocalGrid, pull_client
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 
 

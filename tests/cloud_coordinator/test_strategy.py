@@ -122,6 +122,7 @@ def test_nan_client_with_trimmed_mean_n3_is_retried_then_stops_loudly(tmp_path: 
     assert not (tmp_path / "report.json").exists() and not list(tmp_path.glob("ckpt-*"))
 
 
+@pytest.mark.integration
 def test_f_too_large_for_the_clients_is_one_line_and_nothing_lost(tmp_path: Path) -> None:
     s = RobustStrategy("bulyan", f=1, checkpoint_dirs=[tmp_path], max_attempts=1, round_timeout=1.0,
                        fraction_evaluate=0.0)  # needs 7

@@ -34,6 +34,7 @@ def _coordinator(work: Path, *argv: str) -> tuple[subprocess.CompletedProcess[st
     return r, time.monotonic() - t0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("run_config", "why"), [
     ('rule="bogus"', "run config: unknown aggregation rule 'bogus'"),
     ("f=-1", "run config: "),
@@ -53,6 +54,7 @@ def test_a_bad_run_config_fails_in_seconds_with_one_line_and_fatal_json(tmp_path
     assert not (tmp_path / "ck" / "superlink.db").exists()  # nothing was started
 
 
+@pytest.mark.integration
 def test_a_watchdog_shorter_than_a_working_round_is_refused(tmp_path: Path) -> None:
     r, took = _coordinator(tmp_path / "ck", "--round-timeout", "30", "--grace", "2", "--watchdog", "20")
     assert r.returncode == 2 and took < 30
@@ -114,6 +116,7 @@ def test_bind_records_and_refuses(tmp_path: Path) -> None:
     assert bind(tmp_path, "a", "other", has_checkpoints=True, new_lineage=False) == fresh  # and it resumes
 
 
+@pytest.mark.integration
 def test_the_coordinator_refuses_to_resume_checkpoints_of_another_run_config(tmp_path: Path) -> None:
     work = tmp_path / "ck"
     work.mkdir()

@@ -112,6 +112,7 @@ def test_ledger_round_trip(tmp_path: Path) -> None:
     assert load_ledger(tmp_path / "bad.json") == {} and load_ledger(tmp_path / "none.json") == {}
 
 
+@pytest.mark.integration
 def test_superlink_entry_refuses_a_missing_fleet_address() -> None:
     r = subprocess.run([sys.executable, "-m", "cloud_coordinator.superlink", "--host", "127.0.0.1"],
                        capture_output=True, text=True, timeout=60, check=False)

@@ -115,6 +115,7 @@ def test_a_grid_failure_is_not_the_apps_fault(tmp_path: Path) -> None:
     assert not (tmp_path / FATAL_FILE).exists()
 
 
+@pytest.mark.integration
 def test_every_attempt_leaves_a_heartbeat_naming_what_it_waits_for(tmp_path: Path) -> None:
     """progress.json is what the supervisor's watchdog reads: the round, and the nodes it waits for."""
     from cloud_coordinator.settings import PROGRESS_FILE

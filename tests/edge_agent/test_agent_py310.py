@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 PY310 = ("--target=3.10-", "--violations", "--no-tips", "--eval-annotations")
 

@@ -110,6 +110,7 @@ class _Recorder(LinkEstimator):
         super().complete(nbytes, sent_at, acked_at)
 
 
+@pytest.mark.integration
 def test_the_watcher_hands_completions_in_send_order_with_their_ack_times() -> None:
     w, est = AckWatcher(), _Recorder()
     handles = [_Handle() for _ in range(3)]
@@ -189,6 +190,7 @@ def test_the_wait_is_bounded_then_the_publish_goes_and_is_counted() -> None:
     assert lane.status()["timeouts"] == 1 and lane.status()["wait_s"] >= 0.05
 
 
+@pytest.mark.integration
 def test_a_publish_the_watcher_gives_up_on_releases_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(acks, "_GIVE_UP_S", 0.05)
     lane, w = DataLane(lambda: 1000, small_bytes=0, max_wait_s=30), AckWatcher()

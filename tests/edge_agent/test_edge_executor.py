@@ -116,6 +116,7 @@ def test_full_queue_answers_overloaded_at_once() -> None:
     assert ex.rejected_overload == 2
 
 
+@pytest.mark.integration
 def test_reply_only_to_reply_topics_of_the_site() -> None:
     assert valid_reply_topic(T.reply("c"), T)
     assert not valid_reply_topic(Topics("other").reply("c"), T)
@@ -136,6 +137,7 @@ def test_bad_artifact_raises_load_error() -> None:
     assert ex.statuses() == ()
 
 
+@pytest.mark.integration
 def test_simulated_compute_delay_follows_the_flops_model() -> None:
     from edge_agent.agent import partition_flops
 

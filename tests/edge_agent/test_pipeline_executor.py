@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from edge_agent.executor import Executor
 from edge_agent.testing import FogSigner, tiny_chain
@@ -117,6 +118,7 @@ def test_a_peer_breaking_the_cuts_encoding_gets_an_error_not_a_crash() -> None:
     e1.stop()
 
 
+@pytest.mark.integration
 def test_two_stages_work_on_different_frames_at_once() -> None:
     """Simulated devices of 50 ms a stage: 12 frames take ~13 stage times pipelined, not 24."""
     stage_s = 0.05

@@ -266,6 +266,7 @@ def test_fleet_is_still_one_object_while_nothing_changed() -> None:
 # ------------------------------------------------------------------ the fog's intake, both verify modes
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "worker-processes"])
 def test_ingest_names_the_device_field_and_value_of_a_refused_advert(processes: bool) -> None:
     import queue

@@ -13,6 +13,8 @@ import pytest
 from fog_broker.api_auth import verify_token
 from runtime.errors import LocalViolation
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -2,7 +2,11 @@
 agrees with the slow path (``filter`` per device, the reference cost model per chain) on random
 fleets, hostile-but-valid values at the edges of the documented ranges included: the same
 feasible set, the same first failing phrase per device, the same pending sentences, the same
-scores; and the snapshot's cached verdicts never leak from one workload spec to another."""
+scores; and the snapshot's cached verdicts never leak from one workload spec to another.
+
+The fleets mix random devices with every filter's declared ``examples`` (devices it passes and
+fails), and each filter's ``filter`` and ``batch`` must give its examples' declared verdicts: a
+new filter in ``filters`` is covered by declaring its examples, with no edit here."""
 from __future__ import annotations
 
 import math
@@ -29,6 +33,9 @@ from fog_broker.placement import (
     schedule,
 )
 from fog_broker.placement.plugins import (
+    EXAMPLE_CONTEXT,
+    EXAMPLE_DEVICE,
+    EXAMPLE_WORKLOAD,
     SCORE,
     Context,
     NodeView,
@@ -76,10 +83,34 @@ def devices(draw: st.DrawFn, i: int) -> Device:
         verified=draw(MOSTLY), throttled=not draw(MOSTLY), measured=draw(MOSTLY))
 
 
+# Every registered filter's declared examples (the same classes for every context).
+EXAMPLES = tuple(change for f in filters(Context()) for change in (*f.examples.passes,
+                                                                   *f.examples.fails))
+
+
+def example_devices(i: int) -> st.SearchStrategy[Device]:
+    return st.sampled_from(EXAMPLES).map(lambda change: replace(EXAMPLE_DEVICE, id=f"d{i}",
+                                                                **change))
+
+
 @st.composite
 def fleets(draw: st.DrawFn) -> Fleet:
     n = draw(st.integers(2, 7))
-    return Fleet(tuple(draw(devices(i)) for i in range(n)))
+    return Fleet(tuple(draw(st.one_of(devices(i), example_devices(i))) for i in range(n)))
+
+
+def test_each_filter_gives_its_examples_their_verdicts() -> None:
+    for f in filters(EXAMPLE_CONTEXT):
+        passes, fails = f.examples.passes, f.examples.fails
+        assert passes and fails, f"{f.name} declares no example it passes, or none it fails"
+        fleet = Fleet(tuple(replace(EXAMPLE_DEVICE, id=f"e{i}", **change)
+                            for i, change in enumerate((*passes, *fails))))
+        free = np.array([d.memory_bytes for d in fleet.devices])
+        want = [True] * len(passes) + [False] * len(fails)
+        slow = [f.filter(EXAMPLE_WORKLOAD, NodeView(d, float(b))).ok
+                for d, b in zip(fleet.devices, free)]
+        assert slow == want, f"{f.name}.filter on its examples"
+        assert list(f.batch(EXAMPLE_WORKLOAD, fleet, free)) == want, f"{f.name}.batch on its examples"
 
 
 @st.composite

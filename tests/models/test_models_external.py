@@ -73,6 +73,7 @@ def test_missing_side_file_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in msg and "lost.onnx" in msg, msg
 
 
+@pytest.mark.integration
 def test_split_memory_is_one_partition_not_the_model(tmp_path: Path) -> None:
     """12 layers x 16 MiB in a side file: ``fogline models split`` peaks far below the model."""
     layers, width = 12, 2048

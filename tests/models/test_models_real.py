@@ -23,6 +23,8 @@ from models.thirdparty import MODELS, ONNX_TEST_MODELS
 
 from chain_helpers import split_and_compare
 
+pytestmark = pytest.mark.integration
+
 TOL = 1e-5
 RAPIDOCR = "rapidocr-onnxruntime"
 SILERO = "silero-vad"

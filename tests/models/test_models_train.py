@@ -120,6 +120,7 @@ def test_split_dataset_takes_any_arrays() -> None:
         split_dataset(X, y[:99], 3)
 
 
+@pytest.mark.integration
 def test_sklearn_is_imported_lazily() -> None:
     code = ("import sys, models.train, models.zoo, models.partition, models.cli; "
             "bad = [m for m in ('sklearn', 'onnxruntime', 'paho', 'flwr', 'socket', 'threading')"

@@ -12,6 +12,8 @@ import pytest
 
 from runtime import children
 
+pytestmark = pytest.mark.integration
+
 PARENT = r"""
 import sys, time
 from runtime import children

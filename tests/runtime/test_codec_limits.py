@@ -108,6 +108,7 @@ def decode_in_child(frame: bytes, tmp_path: Path) -> dict[str, Any]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ATTACKS)
 def test_attack_frames_are_refused_in_bounded_memory(kind: str, tmp_path: Path) -> None:
     got = decode_in_child(attack(kind), tmp_path)
@@ -116,6 +117,7 @@ def test_attack_frames_are_refused_in_bounded_memory(kind: str, tmp_path: Path) 
     assert got["growth_mb"] < 200, got
 
 
+@pytest.mark.integration
 def test_a_frame_just_under_the_budget_costs_what_the_budget_says(tmp_path: Path) -> None:
     """The worst a frame can do once admitted: ~1M empty maps (docs: ~70 B an object)."""
     got = decode_in_child(frame_of(array32(codec.DEFAULT_MAX_OBJECTS - 1, b"\x80")), tmp_path)

@@ -27,6 +27,7 @@ def test_stop_before_start_is_a_no_op() -> None:
     assert not c.connected
 
 
+@pytest.mark.integration
 def test_wait_on_a_publish_made_while_offline_times_out_false() -> None:
     """A QoS 1 publish on a connection paho knows is down (rc MQTT_ERR_NO_CONN, kept queued) is 'not
     acknowledged' at the timeout: paho raises from is_published() for it, which once killed the

@@ -78,6 +78,7 @@ def test_quorum_larger_than_replicas_is_an_error(tmp_path: Path) -> None:
                        checkpoint_quorum=3).start(grid=LocalGrid(), initial_arrays=ArrayRecord([np.zeros(2)]))
 
 
+@pytest.mark.integration
 def test_failed_write_leaves_no_temp_file_and_no_half_checkpoint(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import resource, signal, sys

@@ -19,6 +19,8 @@ import pytest
 from fog_broker.enrolment import EnrolmentServer
 from fog_broker.site import Site
 
+pytestmark = pytest.mark.integration
+
 CTX = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 CTX.check_hostname, CTX.verify_mode = False, ssl.CERT_NONE
 

@@ -11,6 +11,8 @@ import pytest
 
 from simulations.demo import ChildDied, Processes, _wait, failure_line, last_error_line
 
+pytestmark = pytest.mark.integration
+
 
 def _child(procs: Processes, name: str, code: str, **kw: object) -> None:
     procs.start(name, [sys.executable, "-c", code], **kw)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import pytest
 
 from simulations.netshape import Link, NetShape, ShapeError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 _why = NetShape.probe()
 if _why is not None:  # pragma: no cover - CI runs as root with iproute2

@@ -20,7 +20,7 @@ from simulations.wan_relay import MSS, WanLink, plan_segments
 
 from waiting import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 class _Server:
