@@ -153,6 +153,7 @@ def test_simulated_compute_delay_follows_the_flops_model() -> None:
     ex.stop()
 
 
+@pytest.mark.integration  # the simulated device sleeps its compute time on the executor's thread
 def test_work_whose_deadline_passed_in_the_queue_is_dropped_before_compute() -> None:
     ex, bus = make("d0")
     load(ex, 0)

@@ -105,6 +105,7 @@ def test_the_guard_serves_only_its_own_user(owner: int | None, status: int) -> N
     assert sent[0]["status"] == status
 
 
+@pytest.mark.integration  # a real loopback connection
 def test_peer_uid_names_this_process_for_its_own_connection() -> None:
     import socket
 
