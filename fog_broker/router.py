@@ -165,7 +165,7 @@ class Router:
         self._by_request: dict[str, str] = {}     # client request id -> attempt id
         self.counters: dict[str, int] = {"accepted": 0, "answered": 0, "failed": 0, "retries": 0,
                                           "timeouts": 0, "late": 0, "refused": 0, "shed": 0,
-                                          "in_deadline": 0, "expired_unsent": 0}
+                                          "in_deadline": 0, "expired_unsent": 0, "impossible": 0}
         self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
         self.latency_by_workload: dict[str, deque[float]] = {}
         self.latency_histograms: dict[str, LatencyHistogram] = {}  # workload -> all its answered requests
@@ -238,6 +238,13 @@ class Router:
         if chain is None:
             return [self._shed(req, now, f"every replica chain of '{req.workload}' has "
                                          f"{self.config.max_outstanding} requests outstanding", 1.0)]
+        fastest = self._unloaded(req.workload, usable)
+        if self.config.admit and fastest is not None and fastest > timeout:
+            # not load: no chain meets it even idle, so a later retry would not either (504, no Retry-After)
+            self.counters["refused"] += 1
+            self.counters["impossible"] += 1
+            return [self._error(req, f"deadline {timeout:.3g} s is shorter than the fastest chain takes "
+                                     f"unloaded ({fastest:.3g} s): it cannot be met", "timeout")]
         if self.config.admit and pred is not None and now + pred + self._margin(req.workload, chain) > deadline:
             return [self._shed(req, now, f"predicted to finish in {pred:.3g} s, after its deadline "
                                          f"({timeout:.3g} s)", pred - timeout)]
@@ -438,6 +445,16 @@ class Router:
         if best is None:
             return None, None
         return best[1], best[2]
+
+    def _unloaded(self, workload: str, chains: Sequence[Chain]) -> float | None:
+        """Seconds the fastest measured chain takes with nothing queued (None: none measured)."""
+        best: float | None = None
+        for c in chains:
+            st = self._stages(workload, c)
+            if st is not None and c[1]:
+                t = sum(st) + self._overhead.get((workload, c[0]), 0.0)
+                best = t if best is None else min(best, t)
+        return best
 
     def _margin(self, workload: str, chain: Chain) -> float:
         return self.config.margin_devs * self._dev.get((workload, chain[0]), 0.0)

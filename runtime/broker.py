@@ -227,12 +227,14 @@ class MosquittoBroker(BrokerProcess):
 
     def _last_good_acl(self) -> str:
         """``acl.good`` when it still passes the checks, else an ACL that grants nothing."""
-        try:
-            text = (self.run_dir / "acl.good").read_text()
-            check_acl(text)
-            return text
-        except (OSError, UnicodeDecodeError, LocalViolation):
-            return "# fogline: no valid ACL yet; every topic is denied\n"
+        for where in (self.run_dir, self.data_dir):  # the data dir's copy: kept when the broker stopped
+            try:
+                text = (where / "acl.good").read_text()
+                check_acl(text)
+                return text
+            except (OSError, UnicodeDecodeError, LocalViolation):
+                continue
+        return "# fogline: no valid ACL yet; every topic is denied\n"
 
     def update_acl(self, text: str) -> bool:
         """Replace the ACL and reload: rights change for connected clients too (any thread).
@@ -361,9 +363,10 @@ class MosquittoBroker(BrokerProcess):
         ``write_config`` brings it back on the next start."""
         if self.run_dir == self.data_dir or not self.run_dir.is_dir():
             return
-        db = self.run_dir / _PERSIST
-        if db.is_file():
-            atomic_write(self.data_dir / _PERSIST, db.read_bytes(), mode=0o600)
+        for name in (_PERSIST, "acl.good"):  # sessions and retained messages; the ACL to fall back on
+            kept = self.run_dir / name
+            if kept.is_file():
+                atomic_write(self.data_dir / name, kept.read_bytes(), mode=0o600)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _restore_persistence(self) -> None:

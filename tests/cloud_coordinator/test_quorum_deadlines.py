@@ -153,7 +153,7 @@ def _slow_grid(delay: Any, n: int = 5) -> tuple[SlowGrid, Clock]:
 
 @pytest.fixture(autouse=True)
 def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(strategy_mod, "POLL_S", 0.0)  # virtual time: pulls, not seconds, make it advance (no real sleep: a unit test)
+    monkeypatch.setattr(strategy_mod, "POLL_S", 0.0)  # virtual time: pulls advance it (no real sleep)
 
 
 def _strategy(clock: Clock, tmp_path: Path, **kw: Any) -> RobustStrategy:

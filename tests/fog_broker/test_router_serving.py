@@ -216,3 +216,14 @@ def test_a_chain_not_yet_timed_takes_what_the_timed_ones_cannot_finish() -> None
         r.note_stage(("w", 1, 0, i), STAGE)  # replica 1 was just placed: no stage time yet
     devs = [sends(r.submit(req(f"r{i}"), CHAINS, 0.0, 100.0))[0].device for i in range(12)]
     assert devs[:9] == ["a"] * 9 and set(devs[9:]) == {"c"}  # chain 0 full for a 1 s deadline (n x 0.1 + 0.2)
+
+
+def test_a_deadline_no_chain_meets_even_idle_is_a_timeout_not_overload() -> None:
+    """Retrying later would not help: the failure is a timeout (OIP 504) with no Retry-After, and it
+    is not counted as shed load (the autoscaler must not add chains for it)."""
+    r = measured()
+    (res,) = r.submit(req("a", timeout=0.05), CHAINS, 0.0, 100.0)  # every chain takes 0.2 s unloaded
+    assert isinstance(res, ReplyClient) and res.result.failure == "timeout"
+    assert res.result.retry_after_s == 0 and "cannot be met" in res.result.error
+    assert r.stats("w", CHAINS, 0.1).shed_rps == 0.0 and r.counters["impossible"] == 1
+    assert sends(r.submit(req("b", timeout=1.0), CHAINS, 0.0, 100.0))  # a deadline it can meet is admitted

@@ -378,7 +378,8 @@ def test_insecure_plain_http_on_loopback_still_needs_a_token(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_both_replicas_answer_and_an_impossible_deadline_is_refused_at_once(fog: Fog) -> None:
     """Issue 32: requests in flight together are spread over both chains of mlp2; a deadline no
-    chain can meet is a 503 with Retry-After at once, not a 504 after queueing."""
+    chain can meet even idle is a 504 at once (no Retry-After), not a 504 after queueing; load that
+    a deadline cannot wait out is a 503 with Retry-After (the router's tests, fogline bench serving)."""
     x = _x(11, (1, 64))
     ref = reference("mlp", x)
     body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": x.ravel().tolist()}]}
@@ -409,9 +410,10 @@ def test_both_replicas_answer_and_an_impossible_deadline_is_refused_at_once(fog:
         with _session(fog) as s:
             t0 = time.monotonic()
             r = s.post(f"{fog.url}/v2/models/mlp2/infer", json=impossible, timeout=30)
-            return (r, time.monotonic() - t0) if r.status_code == 503 else None
-    r, took = wait_for(refused, 20, "a 503 once the fog measured mlp2's stages")  # stage times: state adverts
-    assert int(r.headers["Retry-After"]) >= 1 and "overloaded" in r.json()["error"]
+            return (r, time.monotonic() - t0) if "cannot be met" in r.text else None
+    r, took = wait_for(refused, 20, "a refusal once the fog measured mlp2's stages")  # stage times: state adverts
+    # not load but a deadline no chain meets even idle: 504 at once, and no Retry-After (a retry would not help)
+    assert r.status_code == 504 and "Retry-After" not in r.headers and "timed out" in r.json()["error"]
     assert took < 5.0  # refused at once, not after a timeout
 
 

@@ -342,7 +342,9 @@ def test_bad_input_is_one_line_and_loses_nothing(fleet: Fleet, tmp_path: Path) -
     r = sites_cli("release", str(model), "--name", "bim", "--checkpoint-dir", str(ck2), "--site", f"a={other}",
                   "--rollout-set", "allow_unchecked_canary=true")
     assert r.returncode == 0, r.stderr[-3000:]   # bim is cloud-2's at site a now
-    r = sites_cli("release", str(model), "--name", "bim", "--version", "5", "--checkpoint-dir", str(ck),
+    other_model = tmp_path / "m2.onnx"  # other bytes: the same ones would be "unchanged, not released" (issue 28)
+    other_model.write_bytes(_mlp(12, 32))
+    r = sites_cli("release", str(other_model), "--name", "bim", "--version", "5", "--checkpoint-dir", str(ck),
                   "--site", f"a={fleet.creds['a']}", "--site", f"b={fleet.creds['b']}")
     assert r.returncode == 1, r.stderr[-3000:]
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("error:"))
