@@ -46,9 +46,11 @@ PYTEST_ARGS ?= tests
 GATE := $(if $(filter 1,$(SKIP_CHECK)),,check)
 # The tiers run as separate pytest steps, in order: unit, integration, serial, e2e
 # (tests/run_tiers.py; the markers are checked by tests/conftest.py). The first failing step stops
-# the run. Worker processes per parallel step (2 for integration by measurement: README, Tests):
+# the run. Worker processes per parallel step: the unit tier on 2; the integration tier in one
+# process for now (INTEGRATION_WORKERS=2 halves its time, but some of its tests still time out when
+# they share the 2 cores: README, Tests).
 UNIT_WORKERS ?= 2
-INTEGRATION_WORKERS ?= 2
+INTEGRATION_WORKERS ?= 0
 TEST_ENV := PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 TIERS := $(BIN)/python tests/run_tiers.py --unit-workers $(UNIT_WORKERS) \
   --integration-workers $(INTEGRATION_WORKERS)

@@ -5,6 +5,8 @@ on it; it imports neither, so the two do not import each other.
 """
 from __future__ import annotations
 
+import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,7 +15,34 @@ import time
 __all__ = ["BrokerProcess", "free_port", "port_open", "wait_port"]
 
 
+#: ``LO-HI``: pick free ports in this range instead of the kernel's ephemeral one. Parallel test
+#: workers each get their own range below the ephemeral ports (tests/conftest.py), so a port one
+#: worker picked and has not bound yet is never another's pick, nor the source port of a connection.
+PORT_RANGE_ENV = "FOGLINE_PORT_RANGE"
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, and the one above it free too (a fog serves enrolment on port + 1)."""
+    span = os.environ.get(PORT_RANGE_ENV, "")
+    if span:
+        lo, _, hi = span.partition("-")
+        first, last = int(lo), int(hi) - 1
+        rng = random.Random()
+        for _ in range(200):
+            p = rng.randint(first, last)
+            if _bindable(host, p) and _bindable(host, p + 1):
+                return p
+        raise OSError(f"no two free ports next to each other in {PORT_RANGE_ENV}={span}")
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

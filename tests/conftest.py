@@ -7,6 +7,7 @@ whole-system giant. ``pytest.mark.serial`` keeps an integration test out of the 
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -14,6 +15,25 @@ import pytest
 from tier_guard import check, guard, tier_of
 
 from runtime.broker import BrokerConfig, MosquittoBroker, find_mosquitto
+from runtime.brokerproc import PORT_RANGE_ENV
+
+
+def _worker_ports() -> None:
+    """Each pytest-xdist worker (and what it starts) picks ports in its own slice of 20000-31999,
+    below the kernel's ephemeral ports: a port picked and not yet bound is nobody else's pick, and
+    never the source port of an outgoing connection (which took a fog's enrolment port, port + 1)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if PORT_RANGE_ENV in os.environ:
+        return
+    if not worker.startswith("gw") or not count.isdigit():  # one process: all of it (never a connection's port)
+        os.environ[PORT_RANGE_ENV] = "20000-32000"
+        return
+    n, i = max(1, int(count)), int(worker[2:])
+    size = 12000 // n
+    os.environ[PORT_RANGE_ENV] = f"{20000 + i * size}-{20000 + (i + 1) * size}"
+
+
+_worker_ports()
 
 
 @pytest.hookimpl(tryfirst=True)
