@@ -85,6 +85,7 @@ class RouterConfig:
     max_outstanding: int = 64        # per chain (a device's queue): the bound while nothing is measured
     default_timeout_s: float = 5.0   # a request without a timeout, of a workload without slo_s
     max_timeout_s: float = 120.0
+    probe_interval_s: float = 1.0    # an idle chain takes one request this often whatever its prediction
     spread: bool = True              # over every healthy chain (False: the primary only, the old router)
     admit: bool = True               # refuse what cannot finish in time (False: queue until it times out)
     overhead_gain: float = 0.2       # EWMA weight of each answer in a chain's learned overhead
@@ -165,7 +166,8 @@ class Router:
         self._by_request: dict[str, str] = {}     # client request id -> attempt id
         self.counters: dict[str, int] = {"accepted": 0, "answered": 0, "failed": 0, "retries": 0,
                                           "timeouts": 0, "late": 0, "refused": 0, "shed": 0,
-                                          "in_deadline": 0, "expired_unsent": 0, "impossible": 0}
+                                          "in_deadline": 0, "expired_unsent": 0, "impossible": 0,
+                                          "probes": 0}
         self.latencies: deque[float] = deque(maxlen=10_000)  # answered requests, receive -> answer (s)
         self.latency_by_workload: dict[str, deque[float]] = {}
         self.latency_histograms: dict[str, LatencyHistogram] = {}  # workload -> all its answered requests
@@ -182,7 +184,8 @@ class Router:
         self._dev: dict[tuple[str, int], float] = {}        # its mean deviation (s): the admission margin
         self._rates: dict[str, _Rates] = {}
         self._streams: dict[tuple[str, str], deque[str]] = {}  # (reply_to, stream) -> request ids, in order
-        self._held: dict[str, ReplyClient] = {}        # finished out of order, waiting for their turn
+        self._held: dict[tuple[tuple[str, str], str], ReplyClient] = {}  # (stream, id) finished early, waiting
+        self._probed: dict[tuple[str, int], float] = {}  # (workload, replica) -> last idle probe
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -238,14 +241,24 @@ class Router:
         if chain is None:
             return [self._shed(req, now, f"every replica chain of '{req.workload}' has "
                                          f"{self.config.max_outstanding} requests outstanding", 1.0)]
-        fastest = self._unloaded(req.workload, usable)
-        if self.config.admit and fastest is not None and fastest > timeout:
+        # An idle chain takes one request now and then whatever its prediction says: what it learned
+        # (a first answer slowed by a pause) is only ever corrected by answers, so a chain refused on
+        # its prediction alone could refuse everything for good.
+        ckey = (req.workload, chain[0])
+        probe = self.config.admit and self._outstanding.get(ckey, 0) == 0 \
+            and now - self._probed.get(ckey, -math.inf) >= self.config.probe_interval_s
+        fastest = None if pred is None else self._unloaded(req.workload, usable)  # unmeasured: no verdict
+        if probe and ((fastest is not None and fastest > timeout)
+                      or (pred is not None and now + pred + self._margin(req.workload, chain) > deadline)):
+            self._probed[ckey] = now
+            self.counters["probes"] += 1
+        elif self.config.admit and fastest is not None and fastest > timeout:
             # not load: no chain meets it even idle, so a later retry would not either (504, no Retry-After)
             self.counters["refused"] += 1
             self.counters["impossible"] += 1
             return [self._error(req, f"deadline {timeout:.3g} s is shorter than the fastest chain takes "
                                      f"unloaded ({fastest:.3g} s): it cannot be met", "timeout")]
-        if self.config.admit and pred is not None and now + pred + self._margin(req.workload, chain) > deadline:
+        elif self.config.admit and pred is not None and now + pred + self._margin(req.workload, chain) > deadline:
             return [self._shed(req, now, f"predicted to finish in {pred:.3g} s, after its deadline "
                                          f"({timeout:.3g} s)", pred - timeout)]
         self.counters["accepted"] += 1
@@ -254,6 +267,13 @@ class Router:
             # a client's streams are its own: keyed by its reply topic (in-process front ends, whose
             # every request has a reply_to of its own, name their caller in the stream)
             key = ("local:" if req.reply_to.startswith("local:") else req.reply_to, req.stream)
+            q = self._streams.get(key)
+            if q is not None and (req.request_id in q or len(q) >= self.config.max_outstanding * 4):
+                # an id already waiting for its turn would hold the stream for good; a stream is bounded
+                self.counters["accepted"] -= 1
+                self.counters["refused"] += 1
+                return [self._error(req, f"stream '{req.stream[:60]}': request id already queued or too many "
+                                         "in flight", "overloaded", retry_after=1.0)]
             if key in self._streams or len(self._streams) < _MAX_STREAMS:
                 p.stream = key
                 self._streams.setdefault(key, deque()).append(req.request_id)
@@ -555,12 +575,12 @@ class Router:
             return [reply]
         rid = p.request.request_id
         if q[0] != rid:
-            self._held[rid] = reply
+            self._held[(p.stream, rid)] = reply
             return []
         out: list[Command] = [reply]
         q.popleft()
-        while q and q[0] in self._held:
-            out.append(self._held.pop(q.popleft()))
+        while q and (p.stream, q[0]) in self._held:
+            out.append(self._held.pop((p.stream, q.popleft())))
         if not q:
             del self._streams[p.stream]
         return out

@@ -36,7 +36,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     span = os.environ.get(PORT_RANGE_ENV, "")
     if span:
         lo, _, hi = span.partition("-")
-        first, last = int(lo), int(hi) - 1
+        first, last = int(lo), int(hi) - 2  # p + 1 stays inside the range too
         rng = random.Random()
         for _ in range(200):
             p = rng.randint(first, last)

@@ -220,10 +220,36 @@ def test_a_chain_not_yet_timed_takes_what_the_timed_ones_cannot_finish() -> None
 
 def test_a_deadline_no_chain_meets_even_idle_is_a_timeout_not_overload() -> None:
     """Retrying later would not help: the failure is a timeout (OIP 504) with no Retry-After, and it
-    is not counted as shed load (the autoscaler must not add chains for it)."""
+    is not counted as shed load (the autoscaler must not add chains for it). An idle chain takes one
+    such request a second anyway (the probe that unlearns a wrong prediction)."""
     r = measured()
-    (res,) = r.submit(req("a", timeout=0.05), CHAINS, 0.0, 100.0)  # every chain takes 0.2 s unloaded
+    assert sends(r.submit(req("p", timeout=0.05), [C0], 0.0, 100.0))  # an idle chain's probe (below)
+    (res,) = r.submit(req("a", timeout=0.05), [C0], 0.0, 100.0)  # the chain takes 0.2 s unloaded
     assert isinstance(res, ReplyClient) and res.result.failure == "timeout"
     assert res.result.retry_after_s == 0 and "cannot be met" in res.result.error
-    assert r.stats("w", CHAINS, 0.1).shed_rps == 0.0 and r.counters["impossible"] == 1
-    assert sends(r.submit(req("b", timeout=1.0), CHAINS, 0.0, 100.0))  # a deadline it can meet is admitted
+    assert r.stats("w", [C0], 0.1).shed_rps == 0.0 and r.counters["impossible"] == 1
+    assert sends(r.submit(req("b", timeout=1.0), [C1], 0.0, 100.0))  # a deadline it can meet is admitted
+
+
+def test_a_chain_refusing_on_what_it_learned_takes_an_idle_probe_and_unlearns_it() -> None:
+    """A first answer slowed by a pause teaches a chain a big overhead; answers alone can correct it,
+    so an idle chain takes one request a second whatever its prediction, and serves again after."""
+    r = measured()
+    (s,) = sends(r.submit(req("slow", timeout=2.0), [C0], 0.0, 100.0))
+    answer(r, s, 1.5)  # 1.5 s for 0.2 s of stages: 1.3 s learned as overhead
+    (probe,) = sends(r.submit(req("x", timeout=1.0), [C0], 1.6, 101.6))  # idle: taken anyway
+    (refused,) = r.submit(req("y", timeout=1.0), [C0], 1.61, 101.61)
+    assert isinstance(refused, ReplyClient)  # not idle now: refused on the prediction
+    answer(r, probe, 1.85)  # the probe answers in 0.25 s
+    admitted_at = None
+    for k in range(30):  # idle probes a second apart, each answered in 0.25 s, until one that is no probe fits
+        t = 3.0 + 1.5 * k
+        first = sends(r.submit(req(f"p{k}", timeout=1.0), [C0], t, 100.0 + t))  # idle: admitted either way
+        second = sends(r.submit(req(f"q{k}", timeout=1.0), [C0], t, 100.0 + t))  # busy: only on its prediction
+        for g in first + second:
+            answer(r, g, t + 0.25)
+        if second:
+            admitted_at = t
+            break
+    assert r.counters["probes"] >= 1
+    assert admitted_at is not None  # the chain serves on its prediction again
