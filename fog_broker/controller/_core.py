@@ -319,6 +319,13 @@ class Controller:
                 old.setdefault(a.key[0], []).append(a)
         for name, parts in old.items():
             self.switches[name] = self._adopt_switch(parts)
+        for entry in self.workloads.values():  # an autoscaled workload goes on with the chains it had
+            auto = entry.spec.autoscale
+            reps = {k[2] for k in self.assignments if k[0] == entry.spec.name and k[1] == entry.version}
+            n = len(reps)
+            if auto is not None and n > entry.spec.replicas and reps == set(range(n)):
+                n = min(n, auto.max_replicas)
+                entry.spec, entry.want = replace(entry.spec, replicas=n), n
         self.ready = False
         self.started_at = now
         self.ready_at = now + self.config.startup_wait_s

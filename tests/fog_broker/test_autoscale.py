@@ -13,7 +13,7 @@ from fog_broker.autoscale import (
     desired_replicas,
     replicas_for_rate,
 )
-from fog_broker.controller import Controller, Persist, Phase
+from fog_broker.controller import Assignment, Controller, Persist, Phase
 from fog_broker.placement.model import Autoscale, Quota, Workload
 from fog_broker.placement.scheduler import schedule
 from fog_broker.router import _Rates
@@ -264,3 +264,21 @@ def test_the_autoscaler_reads_the_routers_load() -> None:
         if i % 10 == 0:
             scaled += [e for e in core.autoscale(now) if getattr(e, "kind", "") == "scaled"]
     assert scaled and core.controller.wanted_replicas("w") == 3  # 2 chains' load at 70 %: 2.9 -> 3
+
+
+def test_a_restarted_fog_keeps_the_chains_it_had_scaled_to() -> None:
+    """The stored text says min_replicas; the stored assignments say 2 chains ran: both stay, undrained."""
+    c = Controller(schedule)
+    w = auto_workload()
+    c.set_workload(w, 1)
+    f = fleet(SRC, *(dev(x, domain=f"p{x}") for x in "abcdef"))
+    t = running(c, f, 0.0)
+    c.scale("w", 2, t)
+    t = running(c, f, t)
+    stored = [Assignment(a.key, a.device, a.first, a.last, sha256=a.sha256) for a in c.assignments.values()]
+    again = Controller(schedule)  # the restarted fog: the spec from its store, then what it had assigned
+    again.set_workload(w, 1)
+    again.start_after_restart(t, stored)
+    cmds = again.reconcile(f, reported_of(c), t + 0.1)
+    assert not undeploys(cmds) and again.wanted_replicas("w") == 2
+    assert len(again.chains("w")) == 2
