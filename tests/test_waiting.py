@@ -36,6 +36,18 @@ def test_description_can_be_computed_at_failure_or_taken_from_the_source() -> No
         wait_for(lambda: 1 > 2, 0.05)
 
 
+def test_a_call_that_timed_out_is_not_yet_by_default() -> None:
+    """A status call to a fog busy past its own 10 s is "not yet": the wait's timeout bounds it."""
+    calls = iter([TimeoutError("no answer from the fog broker within 10 s"), True])
+
+    def cond() -> bool:
+        v = next(calls)
+        if isinstance(v, BaseException):
+            raise v
+        return v
+    assert wait_for(cond, 5, "a busy fog", interval=0) is True
+
+
 def test_other_errors_propagate_at_once() -> None:
     t0 = time.monotonic()
     with pytest.raises(KeyError):

@@ -20,14 +20,16 @@ T = TypeVar("T")
 
 def wait_for(cond: Callable[[], T], timeout: float, what: str | Callable[[], object] | None = None,
              *, interval: float = 0.05,
-             retry_on: type[BaseException] | tuple[type[BaseException], ...] = ()) -> T:
+             retry_on: type[BaseException] | tuple[type[BaseException], ...] = (TimeoutError,)) -> T:
     """Call ``cond`` every ``interval`` s until it returns something truthy, and return that.
 
     After ``timeout`` s raise ``AssertionError`` naming ``what`` (a string, or a callable asked
     only then, for diagnostics such as a status document), the last value and the last error.
-    Exceptions of ``retry_on`` count as "not yet" (a process still starting answers with errors);
-    any other exception propagates at once. ``cond`` is tried at least once, and once more at
-    the deadline, so a slow machine never fails a condition that holds when time is up.
+    Exceptions of ``retry_on`` count as "not yet" (a process still starting answers with errors;
+    by default a ``TimeoutError``: one call to a busy fog that outlived its own timeout is "not yet",
+    and this wait's ``timeout`` still bounds the whole); any other exception propagates at once.
+    ``cond`` is tried at least once, and once more at the deadline, so a slow machine never fails a
+    condition that holds when time is up.
     """
     deadline = time.monotonic() + timeout
     last: object = None
