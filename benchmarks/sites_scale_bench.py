@@ -312,6 +312,7 @@ class Load:
 def coordinator_main(ck: Path) -> int:
     """The coordinator's site service as its own process (``fogline coordinator``'s sites half), until SIGTERM."""
     from cloud_coordinator.rollout import RolloutPolicy
+    from cloud_coordinator.settings import key_path
     from cloud_coordinator.sites import load_table, resolve
     from cloud_coordinator.siteservice import SiteService
     from runtime.security import Identity
@@ -321,7 +322,7 @@ def coordinator_main(ck: Path) -> int:
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     specs, canary, settings, insecure, _ = load_table(ck)
     table = resolve(specs, canary, RolloutPolicy.from_mapping(settings))
-    signer = Identity.load_or_create("coordinator", ck / "coordinator.key")
+    signer = Identity.load_or_create("coordinator", key_path(ck, "coordinator.key"))
     service = SiteService(ck, table, signer, insecure=insecure).start()
     print("coordinator-started", flush=True)
     try:
@@ -352,6 +353,7 @@ class Bench:
 
     def start_coordinator(self) -> None:
         from cloud_coordinator.rollout import RolloutPolicy
+        from cloud_coordinator.settings import key_path
         from cloud_coordinator.sites import SiteSpec, resolve, save_table
         from runtime.security import Identity
 
@@ -360,7 +362,7 @@ class Bench:
         # canary cannot check it, by this explicit setting; v2 and v3 are checked there as ever
         table = resolve(specs, CANARY, RolloutPolicy.from_mapping({"allow_unchecked_canary": True}))
         save_table(self.ck, table)
-        self.signer = Identity.load_or_create("coordinator", self.ck / "coordinator.key")
+        self.signer = Identity.load_or_create("coordinator", key_path(self.ck, "coordinator.key"))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         with open(self.tmp / "coordinator.log", "ab") as log:
             self.coord = subprocess.Popen([sys.executable, "-m", "benchmarks.sites_scale_bench", "--coordinator",

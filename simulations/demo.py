@@ -894,7 +894,7 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
     sites, robust rounds, a kill -9 of the coordinator and a resume; the coordinator is connected to
     both sites and rolls each signed release out staged (canary first, checked, then store-2)."""
     from cloud_coordinator.launcher import READY_FILE, TLS_DIR
-    from cloud_coordinator.settings import FATAL_FILE
+    from cloud_coordinator.settings import FATAL_FILE, key_path
     from cloud_coordinator.store import REPORT_FILE, CheckpointStore
     from runtime.security import Identity
 
@@ -936,9 +936,9 @@ def _federated(cfg: DemoConfig, work: Path, procs: Processes, env: dict[str, str
                     {**env, "FLWR_HOME": str(work / "flower" / f"node-{i}")},
                     whole_tree=True)  # its ClientApps end with it, even on a kill -9 of the demo
     # with several sites the coordinator signs checkpoints (and the outbox) with its own key,
-    # CKPT/coordinator.key; each site's release is re-signed with the key that site issued
-    store = CheckpointStore([ckpt, replica],
-                            trusted_key=Identity.load("coordinator", ckpt / "coordinator.key").public_key_bytes)
+    # CKPT.keys/coordinator.key; each site's release is re-signed with the key that site issued
+    trusted = Identity.load("coordinator", key_path(ckpt, "coordinator.key")).public_key_bytes
+    store = CheckpointStore([ckpt, replica], trusted_key=trusted)
     deployed: set[str] = set()
 
     def latest_round() -> int:
@@ -1009,6 +1009,7 @@ def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: Rol
     partitions and its answers must equal torch's on the final checkpoint."""
     import torch
 
+    from cloud_coordinator.settings import key_path
     from cloud_coordinator.store import CheckpointStore
     from runtime.security import Identity
 
@@ -1046,7 +1047,7 @@ def _release(cfg: DemoConfig, work: Path, sites: dict[str, DemoSite], watch: Rol
                                       for s, t in times.items()))
 
     task, x = (preload.result() if preload is not None else _load_task())
-    key = Identity.load("coordinator", work / "ckpt" / "coordinator.key").public_key_bytes
+    key = Identity.load("coordinator", key_path(work / "ckpt", "coordinator.key")).public_key_bytes
     ck, _ = CheckpointStore([work / "ckpt", work / "ckpt-replica"], trusted_key=key).load_latest()
     assert ck is not None
     net = task.Net()
