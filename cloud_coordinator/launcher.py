@@ -420,8 +420,18 @@ class Supervisor:
         if self.opts.watchdog_s and state.phase in (Phase.LIVE, Phase.CHECKING):
             self._note_progress()
             silent = now - self._progress_at
-            if silent > self._watchdog_s:
-                component, line = diagnose(silent, self._watchdog_s, self.health(state))
+            # the bound raised for a long adapted deadline covers a ServerApp at work; with a Flower
+            # part known down nothing works meanwhile, so the configured watchdog holds
+            limit = self._watchdog_s
+            if silent > float(self.opts.watchdog_s) and limit > float(self.opts.watchdog_s):
+                if now - getattr(self, "_down_checked_at", -1e9) >= 10.0:  # flwr ls: not every tick
+                    self._down_checked_at = now
+                    h = self.health(state)
+                    self._part_down = h.superexec is False or not h.superlink
+                if getattr(self, "_part_down", False):
+                    limit = float(self.opts.watchdog_s)
+            if silent > limit:
+                component, line = diagnose(silent, limit, self.health(state))
                 log.warning("%s; restarting the %s", line, component)
                 self._progress_at = now
                 return [(Event.STALLED, {"component": component, "reason": line, "restartable": self.owned})]
