@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -155,6 +156,8 @@ class Supervisor:
         self._progress_stamp: int | None = None
         self._progress_at = 0.0  # monotonic: the last sign of round progress (or the submit)
         self._watchdog_s = float(opts.watchdog_s or 0.0)  # raised when the ServerApp's deadline grows
+        self._down_checked_at = -math.inf  # when the raised watchdog last asked whether a Flower part is down
+        self._part_down = False
         self.on_tick = on_tick  # called every poll (the fog link publishes releases there)
         self.env = flower_env(self.home, {**opts.extra_env, SETTINGS_ENV: str(opts.settings_path)})
         self.app_name = _app_name(opts.app_dir)
@@ -424,11 +427,11 @@ class Supervisor:
             # part known down nothing works meanwhile, so the configured watchdog holds
             limit = self._watchdog_s
             if silent > float(self.opts.watchdog_s) and limit > float(self.opts.watchdog_s):
-                if now - getattr(self, "_down_checked_at", -1e9) >= 10.0:  # flwr ls: not every tick
+                if now - self._down_checked_at >= 10.0:  # flwr ls: not every tick
                     self._down_checked_at = now
                     h = self.health(state)
                     self._part_down = h.superexec is False or not h.superlink
-                if getattr(self, "_part_down", False):
+                if self._part_down:
                     limit = float(self.opts.watchdog_s)
             if silent > limit:
                 component, line = diagnose(silent, limit, self.health(state))

@@ -14,7 +14,7 @@ from fog_broker.autoscale import (
     replicas_for_rate,
 )
 from fog_broker.controller import Assignment, Controller, Persist, Phase
-from fog_broker.placement.model import Autoscale, Quota, Workload
+from fog_broker.placement.model import Autoscale, Fleet, Quota, Workload
 from fog_broker.placement.scheduler import schedule
 from fog_broker.router import _Rates
 from fog_broker.site_core import SetWorkload, SiteCore
@@ -194,14 +194,19 @@ def test_scale_up_respects_the_tenant_quota() -> None:
     assert "quota" in c.workloads["w"].scale_reason
 
 
-def test_redeploying_the_same_version_keeps_the_scaled_chains() -> None:
+def _scaled_to_two() -> tuple[Controller, Workload, Fleet, float]:
+    """An autoscaled workload scaled from one running chain to two running chains."""
     c = Controller(schedule)
     w = auto_workload()
     c.set_workload(w, 1)
     f = fleet(SRC, *(dev(x, domain=f"p{x}") for x in "abcdef"))
     t = running(c, f, 0.0)
     c.scale("w", 2, t)
-    t = running(c, f, t)
+    return c, w, f, running(c, f, t)
+
+
+def test_redeploying_the_same_version_keeps_the_scaled_chains() -> None:
+    c, w, f, t = _scaled_to_two()
     c.set_workload(w, 1)  # the same text deployed again
     cmds = c.reconcile(f, reported_of(c), t)
     assert not undeploys(cmds) and len(c.chains("w")) == 2
@@ -268,13 +273,7 @@ def test_the_autoscaler_reads_the_routers_load() -> None:
 
 def test_a_restarted_fog_keeps_the_chains_it_had_scaled_to() -> None:
     """The stored text says min_replicas; the stored assignments say 2 chains ran: both stay, undrained."""
-    c = Controller(schedule)
-    w = auto_workload()
-    c.set_workload(w, 1)
-    f = fleet(SRC, *(dev(x, domain=f"p{x}") for x in "abcdef"))
-    t = running(c, f, 0.0)
-    c.scale("w", 2, t)
-    t = running(c, f, t)
+    c, w, f, t = _scaled_to_two()
     stored = [Assignment(a.key, a.device, a.first, a.last, sha256=a.sha256) for a in c.assignments.values()]
     again = Controller(schedule)  # the restarted fog: the spec from its store, then what it had assigned
     again.set_workload(w, 1)
