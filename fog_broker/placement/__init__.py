@@ -27,7 +27,21 @@ from .model import (
     WorkloadResult,
     parse_workloads,
 )
-from .plugins import Code, Status
+from .plugins import (
+    GATE_ALIVE,
+    GATE_ANTI_AFFINITY,
+    GATE_ENERGY,
+    GATE_FIT,
+    GATE_LATENCY,
+    GATE_PROVIDERS,
+    GATE_QUOTA,
+    GATE_SELECTOR,
+    GATE_TAINT,
+    GATE_THROTTLED,
+    GATE_VERIFIED,
+    Code,
+    Status,
+)
 from .scheduler import SchedulerConfig, schedule
 from .validate import validate_plan
 
@@ -37,4 +51,6 @@ __all__ = [
     "WorkloadPlacement", "ReplicaPlacement", "PartitionPlacement", "SpecError",
     "parse_workloads", "chain_cost", "ChainCost", "solve_chain", "ChainSolution", "DeviceTable",
     "site_metrics", "validate_plan", "Code", "Status",
+    "GATE_ALIVE", "GATE_SELECTOR", "GATE_TAINT", "GATE_PROVIDERS", "GATE_ENERGY", "GATE_THROTTLED",
+    "GATE_VERIFIED", "GATE_ANTI_AFFINITY", "GATE_FIT", "GATE_QUOTA", "GATE_LATENCY",
 ]

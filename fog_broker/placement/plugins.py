@@ -41,6 +41,8 @@ __all__ = [
     "MemoryFit", "QuotaCheck", "ObjectiveScore", "SCORE", "GangPermit", "NOT_ALIVE",
     "SELECTOR_MISMATCH", "UNTOLERATED_TAINT", "BATTERY_LOW", "INSUFFICIENT_MEMORY",
     "DOMAIN_TAKEN", "NO_PROVIDER", "UNVERIFIED", "THROTTLED",
+    "GATE_ALIVE", "GATE_SELECTOR", "GATE_TAINT", "GATE_PROVIDERS", "GATE_ENERGY", "GATE_THROTTLED",
+    "GATE_VERIFIED", "GATE_ANTI_AFFINITY", "GATE_FIT", "GATE_QUOTA", "GATE_LATENCY",
 ]
 
 NOT_ALIVE = "device not alive"
@@ -52,6 +54,21 @@ DOMAIN_TAKEN = "power domain taken by another replica"
 NO_PROVIDER = "no required execution provider"
 UNVERIFIED = "capacity claim unverified"
 THROTTLED = "device throttled"
+
+#: Gates: the keys of a pending workload's reasons (``WorkloadResult.reasons``), one per filter
+#: (its ``gate``) plus the scheduler's own checks. Readers (the controller, status, metrics) use
+#: these names, never the strings.
+GATE_ALIVE = "alive"
+GATE_SELECTOR = "selector"
+GATE_TAINT = "taint"
+GATE_PROVIDERS = "providers"
+GATE_ENERGY = "energy"
+GATE_THROTTLED = "throttled"
+GATE_VERIFIED = "verified"
+GATE_ANTI_AFFINITY = "anti-affinity"
+GATE_FIT = "fit"
+GATE_QUOTA = "quota"
+GATE_LATENCY = "latency"
 
 
 class Code(Enum):
@@ -217,7 +234,7 @@ class Alive:
     examples: ClassVar[Examples] = Examples(passes=({},), fails=({"alive": False},))
 
     name = "Alive"
-    gate = "alive"
+    gate = GATE_ALIVE
     phrase = NOT_ALIVE
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
@@ -240,7 +257,7 @@ class NodeSelector:
         fails=({"labels": ()}, {"labels": (("zone", "y"),)}))
 
     name = "NodeSelector"
-    gate = "selector"
+    gate = GATE_SELECTOR
     phrase = SELECTOR_MISMATCH
 
     @staticmethod
@@ -275,7 +292,7 @@ class TaintToleration:
                {"taints": (Taint("gpu", "u", "NoExecute"),)}))
 
     name = "TaintToleration"
-    gate = "taint"
+    gate = GATE_TAINT
     phrase = UNTOLERATED_TAINT
 
     @staticmethod
@@ -312,7 +329,7 @@ class ProviderFit:
         passes=({}, {"providers": ("CPUExecutionProvider", "CUDAExecutionProvider")}),
         fails=({"providers": ()}, {"providers": ("CPUExecutionProvider",)}))
     name = "ProviderFit"
-    gate = "providers"
+    gate = GATE_PROVIDERS
     phrase = NO_PROVIDER
 
     @staticmethod
@@ -348,7 +365,7 @@ class EnergyFloor:
         fails=({"battery": Battery(10.0, 0.1)}, {"battery": Battery(10.0, 0.0)}))
     floor: float = 0.2
     name: str = "EnergyFloor"
-    gate: str = "energy"
+    gate: str = GATE_ENERGY
     phrase: str = BATTERY_LOW
 
     def _ok(self, d: Device) -> bool:
@@ -379,7 +396,7 @@ class NotThrottled:
 
     examples: ClassVar[Examples] = Examples(passes=({},), fails=({"throttled": True},))
     name = "NotThrottled"
-    gate = "throttled"
+    gate = GATE_THROTTLED
     phrase = THROTTLED
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
@@ -410,7 +427,7 @@ class VerifiedLead:
     replica: int = 0
     measured_lead: bool = True
     name: str = "VerifiedLead"
-    gate: str = "verified"
+    gate: str = GATE_VERIFIED
     phrase: str = UNVERIFIED
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
@@ -446,7 +463,7 @@ class PowerDomainSpread:
         fails=({"labels": (("zone", "x"), ("power-domain", "p0"))},))
     taken: frozenset[str] = field(default_factory=frozenset)
     name: str = "PowerDomainSpread"
-    gate: str = "anti-affinity"
+    gate: str = GATE_ANTI_AFFINITY
     phrase: str = DOMAIN_TAKEN
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
@@ -486,7 +503,7 @@ class MemoryFit:
         passes=({}, {"memory_bytes": 1e6}), fails=({"memory_bytes": 0.0}, {"memory_bytes": 999_999.0}))
     min_bytes: float = 0.0
     name: str = "MemoryFit"
-    gate: str = "fit"
+    gate: str = GATE_FIT
     phrase: str = INSUFFICIENT_MEMORY
 
     def filter(self, workload: Workload, node: NodeView) -> Status:

@@ -36,6 +36,9 @@ from .model import (
     WorkloadResult,
 )
 from .plugins import (
+    GATE_FIT,
+    GATE_LATENCY,
+    GATE_QUOTA,
     SCORE,
     Context,
     Filter,
@@ -201,7 +204,7 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
         assert quota is not None
         left = quota.memory_bytes - used
         qfail = _Failure(
-            (("quota", qs.reasons[0]),),
+            ((GATE_QUOTA, qs.reasons[0]),),
             (("tenant", w.tenant), ("quota_asked_bytes", min_total),
              ("quota_left_bytes", left)), False)
         fit = _attempt(w, _State(st.fleet, st.table, st.free, {}, st.cfg, {}, {}))
@@ -232,7 +235,7 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
                                    node_limit=limit, objective="latency", bounded=False)
                 if fast is not None:
                     return _Failure(
-                        (("latency", f"no chain meets max_latency_s {w.max_latency_s:g} s: "
+                        ((GATE_LATENCY, f"no chain meets max_latency_s {w.max_latency_s:g} s: "
                                      f"the fastest takes {fast.value:.4g} s"),),
                         (("max_latency_s", w.max_latency_s), ("fastest_s", fast.value)), False)
             return _fit_failure(w, r, fs, st.masks(w, fs, scratch), scratch)
@@ -252,7 +255,7 @@ def _attempt(w: Workload, st: _State) -> _Placed | _Failure:
         gang.unreserve()
         left = quota.memory_bytes - used
         return _Failure(
-            (("quota", qs.reasons[0]),),
+            ((GATE_QUOTA, qs.reasons[0]),),
             (("tenant", w.tenant), ("quota_asked_bytes", asked), ("quota_left_bytes", left)),
             False)
     gang.unreserve()  # the caller commits the placement against the real state
@@ -473,7 +476,7 @@ def schedule(fleet: Fleet, workloads: Sequence[Workload],
         if p is not None:
             results.append(WorkloadResult(w.name, "placed", p.replicas, kept=p.kept))
         else:
-            f = failures.get(w.name) or _Failure((("fit", "not placed"),), (), False)
+            f = failures.get(w.name) or _Failure(((GATE_FIT, "not placed"),), (), False)
             results.append(WorkloadResult(w.name, "pending", (), f.reasons, f.detail))
     used: dict[str, float] = {}
     for p in st.placed.values():

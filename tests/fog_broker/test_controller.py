@@ -387,7 +387,7 @@ def test_a_replanned_key_on_the_same_device_ignores_reports_of_the_old_partition
     old.sha256 = "1" * 64
     # re-plan: same key (replica 0, index 0) on the same device, other segments
     new = ReplicaPlacement((PartitionPlacement(0, 0, old.device), PartitionPlacement(1, 3, "b")), 0.0, 0.0)
-    cmds = c._apply(c.workloads["w"], [new], 1.0, float("nan"))
+    cmds = c.applier.apply(c.workloads["w"], [new], 1.0, float("nan"))
     assert [u.device for u in undeploys(cmds)] == [old.device]
     c.reconcile(f, old_report, 1.1)  # the device still lists the old partition under the same key
     a = c.assignments[old.key]
