@@ -105,16 +105,16 @@ def _serve(conn: Connection, keys: Mapping[str, bytes], max_skew_s: float, max_s
                 try:
                     msg = codec.decode(env.payload, max_size=max_size)
                 except DecodeError as exc:
-                    raise SecurityError(MALFORMED, f"payload: {exc}") from None
+                    raise SecurityError(MALFORMED, f"payload: {exc}", out_of_range=exc.out_of_range) from None
                 if isinstance(msg, Envelope):
                     raise SecurityError(MALFORMED, "nested envelope")
                 if len(env.signature) == MAC_LEN and msg.KIND not in MAC_KINDS:
                     raise SecurityError(BAD_SIGNATURE, f"{msg.KIND} must be signed, not MAC-authenticated")
                 out.append(("ok", Envelope(env.sender, env.epoch, env.seq, env.timestamp, b"", b""), msg))
             except SecurityError as exc:
-                out.append(("rejected", exc.reason, str(exc)[:200]))
+                out.append(("rejected", exc.reason, str(exc)[:200], exc.out_of_range))
             except Exception as exc:  # noqa: BLE001 - a worker must answer every item
-                out.append(("rejected", "malformed", f"{type(exc).__name__}: {exc}"[:200]))
+                out.append(("rejected", "malformed", f"{type(exc).__name__}: {exc}"[:200], None))
             finally:
                 if mac:
                     verifier.drop_session(item[2])

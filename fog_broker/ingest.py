@@ -34,18 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import codec
-from runtime.errors import DecodeError, RemoteViolation, SecurityError
+from runtime.errors import DecodeError, OutOfRange, RemoteViolation, SecurityError
 from runtime.messages import (
     CommandAck,
     DeviceBirth,
     DeviceDeath,
     DeviceState,
     Envelope,
-    parse_out_of_range,
 )
 from runtime.mqtt import Inbound
 from runtime.security import (
-    MALFORMED,
     NO_SESSION,
     OUTSIDE_WINDOW,
     SessionKeyPair,
@@ -303,17 +301,18 @@ class Ingest:
         shard.counters[f"in:{pt.leaf}"] += 1
         out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
 
-    def _rejected(self, shard: _Shard, m: Inbound, pt: Any, reason: str, detail: str, out: Out) -> None:
-        bad = parse_out_of_range(detail) if reason == MALFORMED and "payload:" in detail else None
+    def _rejected(self, shard: _Shard, m: Inbound, pt: Any, reason: str, detail: str, out: Out,
+                  bad: OutOfRange | None = None) -> None:
+        """``bad``: the one figure a signed payload was refused for (``SecurityError.out_of_range``)."""
         if bad is not None and pt.leaf in (BIRTH, STATE):
             # Signed by the device itself (only a payload is decoded after its signature): its own
             # advert carries a figure outside runtime.messages' ranges. The device is shown as
             # rejected with the field and value and holds nothing until a clean birth.
             shard.counters["rejected:out of range"] += 1
-            kind, fname, value = bad
+            what = f"{bad.owner}.{bad.field}={bad.value!r}"
             if shard.logs.allow(pt.name, m.received_at):
-                log.warning("%s: %s refused, %s=%s out of range", pt.name, kind, fname, value)
-            out.append(("bad_advert", pt.name, f"{kind}.{fname}={value}", m.received_at))
+                log.warning("%s: %s refused, %s=%r out of range", pt.name, bad.owner, bad.field, bad.value)
+            out.append(("bad_advert", pt.name, what, m.received_at))
             return
         shard.counters[f"rejected:{reason}"] += 1
         log.debug("rejected %s: %s", m.topic, detail)
@@ -333,7 +332,7 @@ class Ingest:
         try:
             env, msg = shard.verifier.open(m.payload, wall)
         except SecurityError as exc:
-            self._rejected(shard, m, pt, exc.reason, str(exc), out)
+            self._rejected(shard, m, pt, exc.reason, str(exc), out, exc.out_of_range)
             return
         self._verified(shard, m, pt, env, msg, out)
 
@@ -384,13 +383,13 @@ class Ingest:
                 continue
             r = next(results)
             if r[0] != "ok":
-                self._rejected(shard, m, pt, r[1], r[2], out)
+                self._rejected(shard, m, pt, r[1], r[2], out, r[3])
                 continue
             env, msg = r[1], r[2]
             try:
                 shard.verifier.admit(env, wall)
             except SecurityError as exc:
-                self._rejected(shard, m, pt, exc.reason, str(exc), out)
+                self._rejected(shard, m, pt, exc.reason, str(exc), out, exc.out_of_range)
                 continue
             shard.accepted += 1
             self._verified(shard, m, pt, env, msg, out)

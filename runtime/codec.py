@@ -35,7 +35,7 @@ import msgpack
 import numpy as np
 
 from ._schema import from_wire, to_wire
-from .errors import DecodeError, LocalViolation
+from .errors import DecodeError, LocalViolation, OutOfRange
 from .messages import MESSAGE_TYPES, Envelope, Message
 
 __all__ = ["encode", "decode", "decode_envelope", "DEFAULT_MAX_SIZE", "DEFAULT_MAX_OBJECTS",
@@ -226,6 +226,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_size: int = DEFAULT_MAX_
         return from_wire(cls, body[2])
     except DecodeError:
         raise
+    except OutOfRange as exc:  # a well-formed message with one figure outside its range: say which
+        raise DecodeError(f"{type(exc).__name__}: {exc}"[:300], out_of_range=exc) from None
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError,
             MemoryError, struct.error, msgpack.UnpackException) as exc:
         raise DecodeError(f"{type(exc).__name__}: {exc}"[:300]) from None

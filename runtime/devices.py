@@ -14,7 +14,6 @@ bytes become a message and a probe that reads nonsense fails naming the figure.
 from __future__ import annotations
 
 import math
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,10 +21,10 @@ from types import MappingProxyType
 from typing import Any
 
 from ._schema import Record, schema_of
-from .errors import RemoteViolation
+from .errors import OutOfRange, RemoteViolation
 
 __all__ = [
-    "Range", "RESOURCE_RANGES", "OutOfRange", "range_problem", "check_ranges", "parse_out_of_range",
+    "Range", "RESOURCE_RANGES", "OutOfRange", "range_problem", "check_ranges",
     "Taint", "DeviceResources", "resource_fields",
 ]
 
@@ -73,18 +72,6 @@ RESOURCE_RANGES: Mapping[str, Range] = MappingProxyType({
     "cpu_count": Range(1, 1 << 16),
 })
 
-_RANGE_MARK = "out of range: "
-_RANGE_RE = re.compile(r"out of range: (\w+)\.(\w+)=(\S+?)[ ,]")
-
-
-class OutOfRange(RemoteViolation):
-    """A number outside its documented range; ``field`` and ``value`` say which."""
-
-    def __init__(self, owner: str, field: str, value: float | int, why: str) -> None:
-        super().__init__(f"{_RANGE_MARK}{owner}.{field}={value!r} ({why})")
-        self.owner, self.field, self.value = owner, field, value
-
-
 def range_problem(ranges: Mapping[str, Range], field: str, value: float | int | None) -> str | None:
     """What is wrong with ``value`` for ``field`` (None: fine, or unset, or not a ranged field)."""
     r = ranges.get(field)
@@ -114,12 +101,6 @@ def check_ranges(obj: object, ranges: Mapping[str, Range]) -> None:
         why = r.problem(v)
         if why is not None:
             raise OutOfRange(type(obj).__name__, name, v, why)
-
-
-def parse_out_of_range(text: str) -> tuple[str, str, str] | None:
-    """(message kind, field, value) from an ``OutOfRange`` text carried through a ``DecodeError``."""
-    m = _RANGE_RE.search(text + " ")
-    return None if m is None else (m.group(1), m.group(2), m.group(3))
 
 
 @dataclass(frozen=True, slots=True)

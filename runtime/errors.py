@@ -7,7 +7,7 @@ process logs, counts and drops remote violations; it never dies of one.
 """
 from __future__ import annotations
 
-__all__ = ["FoglineError", "LocalViolation", "RemoteViolation", "DecodeError", "SecurityError"]
+__all__ = ["FoglineError", "LocalViolation", "RemoteViolation", "OutOfRange", "DecodeError", "SecurityError"]
 
 
 class FoglineError(Exception):
@@ -22,13 +22,34 @@ class RemoteViolation(FoglineError, ValueError):
     """A peer (device, broker, client, file) sent something we must reject."""
 
 
+class OutOfRange(RemoteViolation):
+    """A number outside its documented range (``runtime.devices``): ``owner`` (the record's kind),
+    ``field`` and ``value`` say which, as attributes a reader uses as they are (never the text)."""
+
+    def __init__(self, owner: str, field: str, value: float | int, why: str) -> None:
+        super().__init__(f"out of range: {owner}.{field}={value!r} ({why})")
+        self.owner, self.field, self.value, self.why = owner, field, value, why
+
+    def __reduce__(self) -> tuple[type[OutOfRange], tuple[str, str, float | int, str]]:
+        return OutOfRange, (self.owner, self.field, self.value, self.why)  # crosses the verify pipe
+
+
 class DecodeError(RemoteViolation):
-    """Bytes that are not a valid message: malformed, oversized, mistyped or unknown."""
+    """Bytes that are not a valid message: malformed, oversized, mistyped or unknown.
+
+    ``out_of_range``: the figure that made a well-formed message invalid, when that was why.
+    """
+
+    def __init__(self, message: str, *, out_of_range: OutOfRange | None = None) -> None:
+        super().__init__(message)
+        self.out_of_range = out_of_range
 
 
 class SecurityError(RemoteViolation):
     """A signature, identity or freshness check failed; ``reason`` is a fixed phrase."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, out_of_range: OutOfRange | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        #: a signed payload refused for one figure outside its range (``DecodeError.out_of_range``)
+        self.out_of_range = out_of_range

@@ -23,7 +23,6 @@ from .devices import (
     Range,
     Taint,
     check_ranges,
-    parse_out_of_range,
     range_problem,
 )
 from .errors import RemoteViolation
@@ -36,7 +35,7 @@ __all__ = [
     "InferenceRequest", "Activation", "RouteTicket", "Relay", "Tensors", "InferenceResult", "TimeHint",
     "FleetSummary", "ControlRequest", "ControlReply", "ModelRelease", "Envelope",
     "Range", "RESOURCE_RANGES", "BIRTH_RANGES", "STATE_RANGES", "PARTITION_RANGES", "OutOfRange",
-    "range_problem", "check_ranges", "parse_out_of_range",
+    "range_problem", "check_ranges",
 ]
 
 PROTOCOL_VERSION = 1

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from . import codec
-from .errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
+from .errors import DecodeError, LocalViolation, OutOfRange, RemoteViolation, SecurityError
 from .messages import Envelope, Message
 
 __all__ = [
@@ -257,9 +257,9 @@ class Verifier:
     def has_session(self, sender: str) -> bool:
         return self._sessions is not None and sender in self._sessions
 
-    def _reject(self, reason: str, detail: str = "") -> SecurityError:
+    def _reject(self, reason: str, detail: str = "", out_of_range: OutOfRange | None = None) -> SecurityError:
         self.rejected[reason] += 1
-        return SecurityError(reason, detail)
+        return SecurityError(reason, detail, out_of_range=out_of_range)
 
     def open(self, data: bytes | memoryview, now: float) -> tuple[Envelope, Message]:
         """Verify a framed envelope and decode its payload; raise ``SecurityError`` or ``DecodeError``."""
@@ -294,7 +294,7 @@ class Verifier:
         try:
             msg = codec.decode(env.payload, max_size=self.max_size)
         except DecodeError as exc:
-            raise self._reject(MALFORMED, f"payload: {exc}") from None
+            raise self._reject(MALFORMED, f"payload: {exc}", exc.out_of_range) from None
         if isinstance(msg, Envelope):
             raise self._reject(MALFORMED, "nested envelope")
         if self._sessions is not None and len(env.signature) == MAC_LEN and msg.KIND not in MAC_KINDS:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from runtime.chain_profile import segment_dict
-from runtime.devices import RESOURCE_RANGES, DeviceResources
+from runtime.devices import RESOURCE_RANGES, DeviceResources, Taint
 from runtime.errors import RemoteViolation
 
 __all__ = [
@@ -168,23 +168,21 @@ def _input_shapes(v: Any, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]
 # --- fleet ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Taint:
-    """A device repels workloads that do not tolerate ``key=value:effect``."""
+def _taint(d: Any, where: str) -> Taint:
+    """A FLEET.json taint as the one ``Taint`` record (runtime.devices), its effect checked there."""
+    d = _obj(d, where)
+    try:
+        return Taint(_str(_req(d, "key", where), f"{where}.key"),
+                     _str(d.get("value", ""), f"{where}.value", empty_ok=True),
+                     _str(d.get("effect", "NoSchedule"), f"{where}.effect"))
+    except SpecError:
+        raise
+    except RemoteViolation as e:
+        raise SpecError(f"{where}: {e}") from None
 
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "taint") -> Taint:
-        d = _obj(d, where)
-        return cls(_str(_req(d, "key", where), f"{where}.key"),
-                   _str(d.get("value", ""), f"{where}.value", empty_ok=True),
-                   _str(d.get("effect", "NoSchedule"), f"{where}.effect"))
-
-    def to_dict(self) -> dict[str, str]:
-        return {"key": self.key, "value": self.value, "effect": self.effect}
+def _taint_dict(t: Taint) -> dict[str, str]:
+    return {"key": t.key, "value": t.value, "effect": t.effect}
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +317,7 @@ class Device:
             power_active_w=res.power_active_w if power_active_w is None else power_active_w,
             power_idle_w=res.power_idle_w, tx_j_per_byte=res.tx_j_per_byte,
             rx_j_per_byte=res.rx_j_per_byte, labels=tuple(sorted(res.labels.items())),
-            taints=tuple(Taint(t.key, t.value, t.effect) for t in res.taints) if res.taints else (),
+            taints=res.taints,
             battery=None if cap is None else Battery(cap, min(max(battery_level, 0.0), 1.0), charging),
             alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled,
             measured=measured)
@@ -341,7 +339,7 @@ class Device:
         return cls(
             id=did, **figures,
             labels=_strmap(d.get("labels", {}) or {}, f"{w}.labels"),
-            taints=tuple(Taint.from_dict(t, f"{w}.taints[{i}]")
+            taints=tuple(_taint(t, f"{w}.taints[{i}]")
                          for i, t in enumerate(_list(d.get("taints", []) or [], f"{w}.taints"))),
             battery=None if batt is None else Battery.from_dict(batt, f"{w}.battery"),
             alive=alive,
@@ -366,7 +364,7 @@ class Device:
     def _base_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "labels": dict(self.labels),
-            "taints": [t.to_dict() for t in self.taints],
+            "taints": [_taint_dict(t) for t in self.taints],
             **{name: getattr(self, name) for name in _DEVICE_RANGED},
             "battery": None if self.battery is None else self.battery.to_dict(),
             "alive": self.alive,

@@ -30,7 +30,6 @@ from runtime.messages import (
     DeviceState,
     OutOfRange,
     PartitionStatus,
-    parse_out_of_range,
 )
 from simulations.profiles import PROFILES, DeviceProfile
 
@@ -94,9 +93,9 @@ def test_every_out_of_range_birth_figure_is_refused_at_decode(case: tuple[str, A
     field, value = case
     with pytest.raises(DecodeError) as err:
         codec.decode(forged(birth(), **{field: value}))
-    kind, name, shown = parse_out_of_range(str(err.value))  # type: ignore[misc]
-    assert (kind, name) == ("DeviceBirth", field)
-    assert shown == repr(value)
+    bad = err.value.out_of_range
+    assert bad is not None and (bad.owner, bad.field) == ("DeviceBirth", field)
+    assert repr(bad.value) == repr(value)
 
 
 @settings(max_examples=300, deadline=None)
@@ -105,7 +104,8 @@ def test_every_out_of_range_state_figure_is_refused_at_decode(case: tuple[str, A
     field, value = case
     with pytest.raises(DecodeError) as err:
         codec.decode(forged(state(), **{field: value}))
-    assert parse_out_of_range(str(err.value))[:2] == ("DeviceState", field)  # type: ignore[index]
+    bad = err.value.out_of_range
+    assert bad is not None and (bad.owner, bad.field) == ("DeviceState", field)
 
 
 @settings(max_examples=200, deadline=None)
@@ -116,7 +116,8 @@ def test_every_out_of_range_partition_figure_is_refused_at_decode(case: tuple[st
     object.__setattr__(p, field, value)
     with pytest.raises(DecodeError) as err:
         codec.decode(forged(state(partitions=(p,))))
-    assert parse_out_of_range(str(err.value))[:2] == ("PartitionStatus", field)  # type: ignore[index]
+    bad = err.value.out_of_range
+    assert bad is not None and (bad.owner, bad.field) == ("PartitionStatus", field)
 
 
 def _good(r: Any, is_int: bool) -> hs.SearchStrategy[Any]:
