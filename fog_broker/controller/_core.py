@@ -424,7 +424,7 @@ class Controller:
             if sw is not None and sw.mode == ROLLING and name != full:
                 n = len({a.replica for a in self.mine_of(name, e)})
                 if n == 0:
-                    continue  # its replicas are placed one at a time (``_roll``)
+                    continue  # its replicas are placed one at a time (``Switcher.roll``)
                 if n < e.spec.replicas:
                     specs.append(replace(e.spec, replicas=n))
                     continue

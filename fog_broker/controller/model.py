@@ -104,7 +104,7 @@ class Assignment:
     attempts: int = 0
     next_try: float = 0.0
     deadline: float = math.inf
-    ack_window_s: float = 0.0  # the current attempt's ack window (``Controller._ack_window``)
+    ack_window_s: float = 0.0  # the current attempt's ack window (``Applier.ack_window``)
     running_since: float = math.nan
     lost_at: float = math.nan  # when the partition this one replaces was detected lost
     excluded: frozenset[str] = frozenset()
