@@ -304,3 +304,13 @@ def test_ingest_names_the_device_field_and_value_of_a_refused_advert(processes: 
         assert [x[0] for x in seen].count("flags") == 1  # the clean birth's (empty) flags
     finally:
         ing.stop()
+
+
+def test_out_of_range_keeps_its_fields_across_the_verify_pipe() -> None:
+    """The verify processes send a refused payload's ``OutOfRange`` back pickled: fields intact."""
+    import pickle
+
+    bad = OutOfRange("DeviceBirth", "flops", math.inf, "not finite")
+    back = pickle.loads(pickle.dumps(bad))
+    assert (back.owner, back.field, back.value, back.why) == ("DeviceBirth", "flops", math.inf, "not finite")
+    assert str(back) == str(bad)
