@@ -954,8 +954,8 @@ class RobustStrategy(Strategy):
             return {"round": rnd, "unchanged": True, "version": last[0], "sha256": sha}
         ident = self.signing_key
         if not isinstance(ident, Identity):
-            ident = (Identity.load("coordinator", ident) if ident is not None else
-                     Identity.load_or_create("coordinator", self.work_dir / CHECKPOINT_KEY))
+            ident = (Identity.load("coordinator", ident) if ident is not None else  # kept with the other keys
+                     Identity.load_or_create("coordinator", key_path(self.work_dir, CHECKPOINT_KEY)))
             self.signing_key = ident
         version = version_for(out, self.release.name, rnd)
         server = entry.get("server") or {}
