@@ -227,9 +227,8 @@ class Releaser:
     release in ``out_dir``; the same bytes under a new number would claim that training happened, so an
     unchanged model is reported as such and not released."""
 
-    def __init__(self, release: Release, out_dir: Path, signer: Callable[[], Identity]) -> None:
+    def __init__(self, release: Release, signer: Callable[[], Identity]) -> None:
         self.release = release
-        self.out_dir = out_dir
         self._signer = signer  # asked only when something is released (no key made for an unchanged model)
         self._last: tuple[int, str] | None = None  # (version, sha256) of the newest release of the model
 
@@ -237,8 +236,9 @@ class Releaser:
         """Before round one: the hook exports ONNX that runs (``ReleaseError`` otherwise)."""
         check_onnx(export_onnx(self.release.hook(), arrays), self.release.input_shape)
 
-    def publish(self, rnd: int, arrays: Any, entry: Mapping[str, Any]) -> dict[str, Any]:
-        """Export, check, sign and write the release of round ``rnd``; a failure is logged, training goes on."""
+    def publish(self, rnd: int, arrays: Any, entry: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+        """Export, check, sign and write round ``rnd``'s release to ``out_dir``; a failure is logged, training
+        goes on."""
         rel = self.release
         try:
             blob = export_onnx(rel.hook(), arrays)
@@ -247,18 +247,18 @@ class Releaser:
             log.error("round %d: release skipped: %s", rnd, exc)
             return {"round": rnd, "error": str(exc)}
         sha = sha256_hex(blob)
-        last = self._last if self._last is not None else latest_release(self.out_dir, rel.name)
+        last = self._last if self._last is not None else latest_release(out_dir, rel.name)
         if last is not None and last[1] == sha:
             log.info("round %d: the model is unchanged since %s v%d (%s): not released", rnd, rel.name, last[0],
                      sha[:12])
             self._last = last
             return {"round": rnd, "unchanged": True, "version": last[0], "sha256": sha}
-        version = version_for(self.out_dir, rel.name, rnd)
+        version = version_for(out_dir, rel.name, rnd)
         server = entry.get("server") or {}
         meta = {"round": str(rnd), **{str(k): str(v) for k, v in rel.metadata.items()},
                 **({"accuracy": f"{float(server['accuracy']):.4f}"} if "accuracy" in server else {})}
         signed = build_release(blob, self._signer(), rel.name, version, meta)
-        path = write_release(self.out_dir, signed)
+        path = write_release(out_dir, signed)
         self._last = (version, signed.sha256)
         log.info("released %s v%d (%s, %d bytes)", signed.workload, version, signed.sha256[:12], len(blob))
         return {"round": rnd, "version": version, "sha256": signed.sha256, "path": str(path), "bytes": len(blob),
