@@ -300,3 +300,19 @@ def test_the_release_key_of_a_run_without_checkpoints_is_kept_with_the_other_key
     key = tmp_path / "run.keys" / "checkpoint.key"
     assert key.is_file() and (key.stat().st_mode & 0o777) == 0o600
     assert (key.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_fogline_status_coordinator_reaches_the_coordinators_handler_without_patching_the_fog(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: ``fogline status --coordinator`` is the fog's command; it finds the coordinator's handler by
+    entry point (``fogline.status``), and no module patches the fog's."""
+    import fog_broker.service_cli as fog_cli
+    from runtime.cli import main
+
+    assert not hasattr(fog_cli, "coordinator_status")
+    (tmp_path / "progress.json").write_text(json.dumps({"round": 2, "attempt": 1, "quorum": 3, "deadline_s": 30.0,
+                                                         "retries": 0, "waiting": "replies", "at": 0.0}))
+    capsys.readouterr()
+    assert main(["status", "--coordinator", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoint_dir"] == str(tmp_path) and doc["rounds"]["round"] == 2, doc
