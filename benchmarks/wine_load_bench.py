@@ -105,10 +105,8 @@ def _numpy_predict(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 def phase(name: str, app: Path, base: Path, keys: dict[str, Path], rounds: int, hogs: int,
           timeout_s: float) -> dict[str, Any]:
     """One acceptance run; raises RuntimeError with one line when a check fails."""
-    from cloud_coordinator.settings import key_path
     from cloud_coordinator.store import CheckpointStore
     from runtime.credentials import load_credentials
-    from runtime.security import Identity
     from simulations.local_site import LocalSite
 
     work = base / name
@@ -135,7 +133,7 @@ def phase(name: str, app: Path, base: Path, keys: dict[str, Path], rounds: int, 
         port = free_port()
         argv = [sys.executable, "-m", "runtime.cli", "-v", "coordinator", "--app", str(app), "--checkpoint-dir",
                 str(ck), "--superlink", f"127.0.0.1:{port}", "--rounds", str(rounds), "--rule", "trimmed_mean",
-                "--f", "1", "--min-clients", str(QUORUM), "--round-timeout", "20", "--grace", "2",
+                "--f", "1", "--min-clients", str(QUORUM), "--round-timeout", "60", "--grace", "2",
                 "--keep", str(rounds + 1), "--timeout", str(timeout_s), "--seed", "0",
                 "--mqtt", site.mqtt, "--credentials", str(creds.dir)]
         log1, log2 = work / "coordinator.log", work / "coordinator-2.log"
@@ -180,7 +178,7 @@ def phase(name: str, app: Path, base: Path, keys: dict[str, Path], rounds: int, 
         if rep.get("resumed_from", 0) < 2:
             raise RuntimeError(f"resumed from {rep.get('resumed_from')}, not after round 2")
         published = [r for r in rep.get("releases", []) if "path" in r]
-        trusted = Identity.load("coordinator", key_path(ck, "coordinator.key")).public_key_bytes
+        trusted = creds.signing.public_key_bytes  # with --credentials the site-issued key signs checkpoints
         ckpt, _ = CheckpointStore([ck], trusted_key=trusted).load_latest()
         if ckpt is None or ckpt.server_round != rounds:
             raise RuntimeError(f"the last checkpoint is {ckpt and ckpt.server_round}, not round {rounds}")
@@ -223,15 +221,7 @@ def phase(name: str, app: Path, base: Path, keys: dict[str, Path], rounds: int, 
     finally:
         if client is not None:
             client.close()
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        children.stop_all(reversed(procs), 2.0, group=True)  # each with what it started (ClientApps)
         site.stop()
         for b in burners:
             children.stop(b, 2.0)
