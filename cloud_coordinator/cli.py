@@ -96,6 +96,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hierarchical", action="store_true",
                    help="two-level rounds: this SuperLink's SuperNodes are sites (fogline site-aggregator), each "
                         "answering with its devices' robust aggregate; the rule and --f apply to sites")
+    # tests and demos of a Byzantine site: another ClientApp for the sites (simulations.faulty_bridge:app)
+    p.add_argument("--site-bridge", default=None, metavar="MODULE:APP", help=argparse.SUPPRESS)
     from .sites_cli import add_site_options
 
     add_site_options(p, with_insecure=False)
@@ -353,8 +355,12 @@ def coordinator(args: argparse.Namespace) -> int:
             log.warning("no SuperNode authorized yet: fogline supernodes add DEVICE KEY.pub --checkpoint-dir %s", work)
         from .site_aggregator.cli import BRIDGE_COMPONENT
 
+        bridge = args.site_bridge or BRIDGE_COMPONENT
+        if bridge != BRIDGE_COMPONENT:
+            log.warning("WARNING: the sites run %s, not the production bridge (--site-bridge: tests and demos only)",
+                        bridge)
         staged = stage(spec, work / STAGED_DIR, overrides,
-                       components={"clientapp": BRIDGE_COMPONENT} if args.hierarchical else None)
+                       components={"clientapp": bridge} if args.hierarchical else None)
         settings_path = settings.save()
         service = None
         if table is not None:

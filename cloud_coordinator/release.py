@@ -27,12 +27,13 @@ from runtime.errors import DecodeError, FoglineError
 from runtime.ids import is_id
 from runtime.messages import ModelRelease
 from runtime.security import Identity, sign_artifact
+from runtime.verify import sha256_hex
 
 from .store import atomic_write
 
 __all__ = ["Release", "ReleaseError", "resolve_export", "export_onnx", "check_onnx", "build_release",
            "write_release", "release_path", "valid_release_name", "read_release", "version_for", "onnx_file",
-           "latest_release"]
+           "latest_release", "Releaser"]
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +220,46 @@ def onnx_file(path: str | Path) -> bytes:
         raise ReleaseError(f"cannot read {path}: {exc.strerror or exc}") from None
     check_onnx(blob)
     return blob
+
+
+class Releaser:
+    """``RobustStrategy``'s release collaborator: a changed model that passed its checks becomes a signed
+    release in ``out_dir``; the same bytes under a new number would claim that training happened, so an
+    unchanged model is reported as such and not released."""
+
+    def __init__(self, release: Release, signer: Callable[[], Identity]) -> None:
+        self.release = release
+        self._signer = signer  # asked only when something is released (no key made for an unchanged model)
+        self._last: tuple[int, str] | None = None  # (version, sha256) of the newest release of the model
+
+    def check(self, arrays: Any) -> None:
+        """Before round one: the hook exports ONNX that runs (``ReleaseError`` otherwise)."""
+        check_onnx(export_onnx(self.release.hook(), arrays), self.release.input_shape)
+
+    def publish(self, rnd: int, arrays: Any, entry: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+        """Export, check, sign and write round ``rnd``'s release to ``out_dir``; a failure is logged, training
+        goes on."""
+        rel = self.release
+        try:
+            blob = export_onnx(rel.hook(), arrays)
+            info = check_onnx(blob, rel.input_shape)
+        except ReleaseError as exc:
+            log.error("round %d: release skipped: %s", rnd, exc)
+            return {"round": rnd, "error": str(exc)}
+        sha = sha256_hex(blob)
+        last = self._last if self._last is not None else latest_release(out_dir, rel.name)
+        if last is not None and last[1] == sha:
+            log.info("round %d: the model is unchanged since %s v%d (%s): not released", rnd, rel.name, last[0],
+                     sha[:12])
+            self._last = last
+            return {"round": rnd, "unchanged": True, "version": last[0], "sha256": sha}
+        version = version_for(out_dir, rel.name, rnd)
+        server = entry.get("server") or {}
+        meta = {"round": str(rnd), **{str(k): str(v) for k, v in rel.metadata.items()},
+                **({"accuracy": f"{float(server['accuracy']):.4f}"} if "accuracy" in server else {})}
+        signed = build_release(blob, self._signer(), rel.name, version, meta)
+        path = write_release(out_dir, signed)
+        self._last = (version, signed.sha256)
+        log.info("released %s v%d (%s, %d bytes)", signed.workload, version, signed.sha256[:12], len(blob))
+        return {"round": rnd, "version": version, "sha256": signed.sha256, "path": str(path), "bytes": len(blob),
+                "signer": signed.signer, "inputs": info["inputs"]}

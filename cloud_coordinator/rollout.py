@@ -36,19 +36,43 @@ release's bytes under an earlier version: the same model is not a new one.
 
 Time is a parameter (``now``, monotonic seconds); every wait is bounded by
 ``RolloutPolicy``. The book round-trips through JSON, and ``resume(now)``
-restarts the current step's wait after a coordinator restart.
+restarts the current step's wait after a coordinator restart. What the book waits and judges by
+(``rollout_policy``), what it reads of a site and how it judges the canary (``rollout_checks``) and what it
+hears and asks for (``rollout_events``) live beside it; this module re-exports them.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
 from runtime.errors import LocalViolation
+
+from .rollout_checks import (
+    ProbeSample,
+    SiteView,
+    WorkloadView,
+    compare_outputs,
+    judge_probe,
+    site_view,
+)
+from .rollout_events import (
+    Command,
+    Event,
+    Lost,
+    NewRelease,
+    Note,
+    Probe,
+    ProbeDone,
+    Publish,
+    Restore,
+    Restored,
+    RestoreFailed,
+    Seen,
+)
+from .rollout_policy import RolloutPolicy
 
 __all__ = [
     "Step", "TERMINAL", "RolloutPolicy", "WorkloadView", "SiteView", "site_view", "ProbeSample", "compare_outputs",
@@ -84,313 +108,6 @@ def model_ref(sha256: str) -> str:
     """How a fog names the stored bytes of a release (``releases[NAME].model``, a workload's ``model``)."""
     return f"file:{sha256}"
 
-
-# ------------------------------------------------------------------ policy
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutPolicy:
-    """Bounded waits and the canary's pass marks."""
-
-    baseline_timeout_s: float = 30.0   # the canary's first status before anything is published
-    accept_timeout_s: float = 30.0     # the canary lists the new version
-    serve_timeout_s: float = 120.0     # its workloads run the new version
-    probe_timeout_s: float = 60.0      # the held-out batch is answered
-    site_timeout_s: float = 30.0       # each other site lists the new version
-    rollback_timeout_s: float = 60.0   # the canary lists the rollback version
-    publish_retry_s: float = 10.0      # republish (not retained: a fog that was away missed it)
-    outage_grace_s: float = 3600.0     # a cut of the awaited site holds the clock this long per outage (RolloutClock)
-    latency_factor: float = 3.0        # p50 may be this many times the plan's prediction ...
-    latency_slack_s: float = 0.05      # ... plus this (the MQTT hops a cost model leaves out)
-    rtol: float = 1e-4                 # outputs against the coordinator's own onnxruntime run (fp32)
-    atol: float = 1e-5
-    require_serving: bool = False      # a canary that serves no workload of the release fails the check
-    allow_unchecked_canary: bool = False  # ... goes on unchecked (default: it holds until one serves it)
-    probe_requests: int = 8            # held-out requests per workload (adapter)
-    holdout: str = ""                  # .npz of held-out inputs (adapter; default: seeded random inputs)
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name.endswith("_s") and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise LocalViolation(f"rollout setting {f.name} must be a number of seconds >= 0, not {v!r}")
-        if not self.latency_factor >= 1.0:
-            raise LocalViolation(f"rollout setting latency_factor must be >= 1, not {self.latency_factor!r}")
-        if not (self.rtol >= 0 and self.atol >= 0):
-            raise LocalViolation("rollout settings rtol and atol must be >= 0")
-        if self.probe_requests < 1:
-            raise LocalViolation("rollout setting probe_requests must be >= 1")
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], base: RolloutPolicy | None = None) -> RolloutPolicy:
-        """``base`` (default settings) with the keys of ``d``; one-line ``LocalViolation`` on a bad key or value."""
-        known = {f.name: f for f in fields(cls)}
-        kw: dict[str, Any] = {f: getattr(base or cls(), f) for f in known}
-        for key, raw in d.items():
-            k = str(key).replace("-", "_")
-            if k not in known:
-                raise LocalViolation(f"unknown rollout setting {key!r} (known: {', '.join(sorted(known))})")
-            cur = kw[k]
-            try:
-                if isinstance(cur, bool):
-                    v: Any = raw if isinstance(raw, bool) else {"true": True, "false": False}[str(raw).lower()]
-                elif isinstance(cur, int):
-                    v = int(raw)
-                elif isinstance(cur, float):
-                    v = float(raw)
-                else:
-                    v = str(raw)
-            except (KeyError, TypeError, ValueError):
-                raise LocalViolation(f"rollout setting {key}: {raw!r} is not a {type(cur).__name__}") from None
-            kw[k] = v
-        return cls(**kw)
-
-    @classmethod
-    def from_pairs(cls, pairs: Iterable[str], base: RolloutPolicy | None = None) -> RolloutPolicy:
-        """From ``key=value`` strings (``--rollout-set``)."""
-        d: dict[str, str] = {}
-        for p in pairs:
-            k, sep, v = p.partition("=")
-            if not sep or not k:
-                raise LocalViolation(f"--rollout-set {p!r}: expected KEY=VALUE")
-            d[k.strip()] = v.strip()
-        return cls.from_mapping(d, base)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-# ------------------------------------------------------------------ what a site's status says
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadView:
-    name: str
-    model: str
-    version: int
-    status: str
-    healthy: int
-    replicas: int
-    predicted_s: float | None = None
-    reasons: str = ""
-    device_versions: tuple[int, ...] = ()   # versions of its partitions the devices report
-    switching: str = ""                     # a version switch the fog reports in progress ('' = none)
-
-    def switched_to(self, ref: str, before: int | None) -> str:
-        """'' when it serves ``ref`` on every replica with a redeployed version, else what it still lacks."""
-        if self.model != ref:
-            return "still on the previous model"
-        if before is not None and self.version == before:
-            return f"not redeployed (still its v{before})"
-        if self.status != "running":
-            return f"{self.status}{': ' + self.reasons if self.reasons else ''}"
-        if self.healthy < max(1, self.replicas):
-            return f"{self.healthy}/{self.replicas} replicas healthy"
-        if self.switching:
-            return self.switching
-        old = sorted({v for v in self.device_versions if v != self.version})
-        if old:
-            return f"devices still run its v{old[0]}"
-        return ""
-
-
-@dataclass(frozen=True, slots=True)
-class SiteView:
-    """The parts of a fog's status a rollout reads."""
-
-    releases: Mapping[str, tuple[int, str]] = field(default_factory=dict)   # name -> (version, model ref)
-    workloads: tuple[WorkloadView, ...] = ()
-    refusals: Mapping[str, int] = field(default_factory=dict)              # "release:<reason>" counters
-
-    def workload(self, name: str) -> WorkloadView | None:
-        return next((w for w in self.workloads if w.name == name), None)
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
-def site_view(status: Mapping[str, Any]) -> SiteView:
-    """Parse a ``status`` answer; ``ValueError`` when it is not one (a fog is a peer: nothing is assumed)."""
-    if not isinstance(status, Mapping):
-        raise ValueError("status is not an object")
-    rels: dict[str, tuple[int, str]] = {}
-    for name, r in dict(status.get("releases") or {}).items():
-        if isinstance(r, Mapping) and isinstance(r.get("version"), int):
-            rels[str(name)] = (int(r["version"]), str(r.get("model", "")))
-    by_wl: dict[str, list[int]] = {}
-    for d in status.get("devices") or ():
-        for p in (d.get("partitions") or ()) if isinstance(d, Mapping) else ():
-            parts = str(p).split("/")
-            if len(parts) >= 2 and parts[1][:1] == "v" and parts[1][1:].isdigit():
-                by_wl.setdefault(parts[0], []).append(int(parts[1][1:]))
-    wls = []
-    for w in status.get("workloads") or ():
-        if not isinstance(w, Mapping) or not isinstance(w.get("name"), str):
-            continue
-        lat: Mapping[str, Any] = w["latency"] if isinstance(w.get("latency"), Mapping) else {}
-        reasons: Mapping[str, Any] = w["reasons"] if isinstance(w.get("reasons"), Mapping) else {}
-        sw = w.get("switch")   # make-before-break: old partitions still serve or drain
-        switching = (f"switch v{sw.get('from_version')} -> v{sw.get('to_version')} in progress"
-                     if isinstance(sw, Mapping) else "")
-        wls.append(WorkloadView(
-            w["name"], str(w.get("model") or ""), int(w.get("version") or 0), str(w.get("status") or ""),
-            int(w.get("healthy_replicas") or 0), int(w.get("replicas") or 1), _num(lat.get("predicted_s")),
-            "; ".join(f"{k}: {v}" for k, v in reasons.items())[:300], tuple(by_wl.get(w["name"], ())),
-            switching))
-    counters: Mapping[str, Any] = status["counters"] if isinstance(status.get("counters"), Mapping) else {}
-    refusals = {str(k): int(v) for k, v in counters.items()
-                if str(k).startswith("release:") and isinstance(v, int)}
-    return SiteView(rels, tuple(wls), refusals)
-
-
-# ------------------------------------------------------------------ the held-out batch
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeSample:
-    """One held-out request through the canary: answered or not, equal or not, and the fog's latency."""
-
-    workload: str
-    ok: bool
-    error: str = ""
-    mismatch: str = ""      # '' when every output equals the coordinator's run
-    latency_s: float = 0.0  # receive -> answer at the fog (what ``measured_p50_s`` is made of)
-
-
-def compare_outputs(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], rtol: float, atol: float) -> str:
-    """'' when every output of the reference run is in ``got`` and equal within tolerance, else why not."""
-    for name, w in want.items():
-        g = got.get(name)
-        if g is None:
-            return f"output {name!r} missing"
-        w, g = np.asarray(w), np.asarray(g)
-        if w.shape != g.shape:
-            return f"output {name!r} has shape {list(g.shape)}, not {list(w.shape)}"
-        if w.dtype.kind in "fc" or g.dtype.kind in "fc":
-            a, b = w.astype(np.float64), g.astype(np.float64)
-            if not np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True):
-                with np.errstate(invalid="ignore"):
-                    err = float(np.nanmax(np.abs(b - a))) if a.size else 0.0
-                return f"output {name!r} differs (max |err| {err:.3g})"
-        elif not np.array_equal(w, g):
-            return f"output {name!r} differs"
-    return ""
-
-
-def judge_probe(samples: Sequence[ProbeSample], predicted: Mapping[str, float | None],
-                policy: RolloutPolicy) -> tuple[bool, str]:
-    """Whether the canary passed, and one line saying why (or what it measured)."""
-    n = len(samples)
-    if n == 0:
-        return False, "no held-out request could be sent"
-    failed = [s for s in samples if not s.ok]
-    if failed:
-        return False, f"{len(failed)}/{n} held-out requests failed ({failed[0].workload}: {failed[0].error})"
-    wrong = [s for s in samples if s.mismatch]
-    if wrong:
-        return False, (f"{len(wrong)}/{n} held-out outputs differ from the coordinator's run "
-                       f"({wrong[0].workload}: {wrong[0].mismatch})")
-    parts = []
-    for wl in sorted({s.workload for s in samples}):
-        lat = sorted(s.latency_s for s in samples if s.workload == wl)
-        p50 = lat[len(lat) // 2]
-        pred = predicted.get(wl)
-        if pred is not None and pred > 0:
-            bound = policy.latency_factor * pred + policy.latency_slack_s
-            if p50 > bound:
-                return False, (f"{wl}: p50 latency {p50 * 1e3:.1f} ms is over {policy.latency_factor:g} x the "
-                               f"predicted {pred * 1e3:.1f} ms + {policy.latency_slack_s * 1e3:.0f} ms")
-            parts.append(f"{wl} p50 {p50 * 1e3:.1f} ms (predicted {pred * 1e3:.1f} ms)")
-        else:
-            parts.append(f"{wl} p50 {p50 * 1e3:.1f} ms (no prediction)")
-    return True, f"held-out batch: {n}/{n} answered, outputs equal; " + ", ".join(parts)
-
-
-# ------------------------------------------------------------------ events and commands
-
-
-@dataclass(frozen=True, slots=True)
-class NewRelease:
-    """A release in the outbox. ``published``: sent before staged rollouts existed (adopted as done)."""
-
-    name: str
-    version: int
-    sha256: str
-    file: str
-    published: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    site: str
-    view: SiteView
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    """The site did not answer (one line: why); timeouts act on it, this only explains them."""
-
-    site: str
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeDone:
-    name: str
-    version: int
-    samples: tuple[ProbeSample, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Restored:
-    """The rollback release is in the outbox: ``restores``' bytes as ``as_version``."""
-
-    name: str
-    version: int
-    as_version: int
-    restores: int
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreFailed:
-    name: str
-    version: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    site: str
-    name: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    site: str
-    name: str
-    version: int
-    workloads: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Restore:
-    """Write the first of ``candidates`` that is in the outbox as a new version of ``name`` (> ``version``)."""
-
-    name: str
-    version: int
-    candidates: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    text: str
-    level: str = "info"   # "info" | "warning"
-
-
-Event = NewRelease | Seen | Lost | ProbeDone | Restored | RestoreFailed
-Command = Publish | Probe | Restore | Note
 
 # ------------------------------------------------------------------ state
 

@@ -73,10 +73,8 @@ def site_table(args: argparse.Namespace, work: Path, *, legacy: Any = None, use_
 
 
 def register(subparsers: Any) -> None:
-    from fog_broker import service_cli
     from runtime import cliargs as ca
 
-    service_cli.coordinator_status = status_cmd  # ``fogline status --coordinator CKPT``
 
     p = subparsers.add_parser("sites", help="the coordinator's sites and staged release rollouts",
                               description="Every site the coordinator serves, and staged rollouts: the canary "

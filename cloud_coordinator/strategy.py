@@ -33,13 +33,11 @@ override rule, f, checkpoints, release and node identities.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import math
 import os
-import random
 import time
 import traceback
 from collections import Counter
@@ -60,18 +58,16 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.app.typing import MetricRecordValues
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from runtime.errors import FoglineError, LocalViolation
-from runtime.messages import FleetSummary
 from runtime.security import Identity
-from runtime.verify import sha256_hex
 
 from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule, quorum
+from .checkpointing import CHECKPOINT_KEY, Checkpoints, Resumed, restore_metrics, signing_identity
 from .layout import (
-    CLIENT_ERROR,
     DUPLICATE_REPLY,
     MALFORMED,
     MAX_EXAMPLES,
@@ -83,82 +79,40 @@ from .layout import (
     reason_key,
     stack_rows,
 )
-from .policy import CheckpointPolicy, rounds_between_checkpoints, should_checkpoint
 from .release import (
     Release,
     ReleaseError,
-    build_release,
-    check_onnx,
-    export_onnx,
-    latest_release,
-    version_for,
-    write_release,
+    Releaser,
 )
+from .replies import flower_error, median_metrics, reason_slug
 from .rounds import DeadlinePolicy, Wait, message_ttl, round_deadline, starved_line, wait_decision
-from .selection import (
-    SELECTED,
-    SelectionPolicy,
-    explain,
-    explain_devices,
-    policy_named,
-    select_clients,
+from .runfiles import (
+    RunFailed,
+    lock_work_dir,
+    record_failure,
+    write_progress,
+    write_report,
 )
 from .settings import (
-    FATAL_FILE,
-    PROGRESS_FILE,
     RELEASES_DIR,
-    REPORT_FILE,
     Settings,
     key_path,
     settings_for,
 )
-from .store import Checkpoint, CheckpointStore, QuorumError, atomic_write
+from .store import QuorumError
+from .summaries import Selector
 from .supernodes import KeyBook, devices_of
 
 __all__ = ["RobustStrategy", "Release", "RunFailed", "CHECKPOINT_KEY"]
 
 log = logging.getLogger("fogline.strategy")
-CHECKPOINT_KEY = "checkpoint.key"  # default signing key, beside the first checkpoint directory (key_path)
-LOCK_FILE = ".coordinator.lock"
 POLL_S = 0.2
 REPLY_SAMPLES = 200  # reply times kept for the deadline (the newest)
-
-
-class RunFailed(FoglineError):
-    """Bad input stopped the run (f too large for the clients, an export hook, a checkpoint quorum)."""
-
-
-def _slug(reason: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in reason.lower()).strip("-")
-
-
-_ERROR_NAMES = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
-
-
-def flower_error(msg: Message) -> str:
-    """A rejection for an error reply: Flower's code, its name, who generated it and the reason (one line)."""
-    err = msg.error
-    code = int(getattr(err, "code", 0) or 0)
-    by = ", from the SuperLink" if int(msg.metadata.src_node_id) == SUPERLINK_NODE_ID else ""
-    reason = " ".join(str(getattr(err, "reason", "") or "").split())[:160]
-    name = f" {_ERROR_NAMES[code]}" if code in _ERROR_NAMES else ""  # 3001: an app's own code (site bridge)
-    return f"{CLIENT_ERROR} (flower {code}{name}{by}: {reason})"
 
 
 def _from_grid(tb: TracebackType | None) -> bool:
     """Was this exception raised below a call into Flower's Grid (the SuperLink's connection, not the app)?"""
     return any(isinstance(f.f_locals.get("self"), Grid) for f, _ in traceback.walk_tb(tb))
-
-
-def _median_metrics(contents: Sequence[RecordDict], skip: str) -> dict[str, float]:
-    """Per key, the median of the clients' scalar metrics: one liar cannot drag a loss to -1e9."""
-    values: dict[str, list[float]] = {}
-    for c in contents:
-        for rec in c.metric_records.values():
-            for k, v in rec.items():
-                if k != skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    values.setdefault(k, []).append(float(v))
-    return {k: float(np.median(v)) for k, v in sorted(values.items())}
 
 
 @dataclass(slots=True)
@@ -242,9 +196,7 @@ class RobustStrategy(Strategy):
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
         self.work_dir = Path(work_dir) if work_dir else None
         self.settings: Settings | None = None
-        self._selection: tuple[Callable[[], list[FleetSummary]], SelectionPolicy] | None = None
-        self.selection_rule = ""  # settings: selection.RULES name, reported with every round's reasons
-        self._last_selection: dict[str, Any] | None = None  # the newest round's reasons (progress.json)
+        self._selection: Selector | None = None  # settings: who may train, from the fogs' verified summaries
         self._aggregator = self._build_aggregator()  # bad rule names and options fail here, at once
         self._layout: Layout | None = None
         self._base: np.ndarray | None = None
@@ -305,19 +257,7 @@ class RobustStrategy(Strategy):
                                    s.release_every or self.release.every, self.release.input_shape)
         if s.supernodes:
             self.node_devices = KeyBook(s.supernodes).by_key_id()
-        policy = policy_named(s.selection, s.battery_floor)  # a bad name stops here, before any round
-        self.selection_rule = s.selection
-        if s.sites:
-            from .summaries import SiteKey, read_site_summaries
-
-            keys = {name: SiteKey.from_json(d) for name, d in s.sites.items()}
-            self._selection = (lambda: read_site_summaries(keys), policy)
-        elif s.summaries_dir and s.fog_keys:
-            from .summaries import read_summaries
-
-            folder, fogs, sites = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
-                                   dict(s.fog_sites))
-            self._selection = (lambda: read_summaries(folder, fogs, sites), policy)
+        self._selection = Selector.from_settings(s, self.seed)  # a bad rule name stops here
         self._aggregator = self._build_aggregator()
 
     def summary(self) -> None:
@@ -350,24 +290,6 @@ class RobustStrategy(Strategy):
         self._devices.update(devices)
         return devices, refused
 
-    def _eligible(self, server_round: int, devices: dict[int, str]) -> tuple[dict[int, str], dict[str, str]]:
-        """Energy-aware selection from verified fleet summaries (everyone when there are none)."""
-        if self._selection is None:
-            return devices, {}
-        read_fleet, policy = self._selection
-        fleet = read_fleet()
-        if not fleet:
-            return devices, {}
-        # seeded per round; random.Random: a numpy Generator has no sample() (a max_clients cap needs it)
-        sel = select_clients(fleet, time.time(), policy, random.Random(f"{self.seed}/{server_round}"))
-        log.info("round %d selection (%s): %s", server_round, self.selection_rule, explain(sel))
-        log.info("round %d selection by device: %s", server_round, explain_devices(sel))
-        self._last_selection = {"round": server_round, "rule": self.selection_rule, "summary": explain(sel),
-                                "devices": dict(sel.reasons)}
-        # A device no fog reports on is not excluded: the summaries can only say who cannot afford a round.
-        unfit = {d: why for d, why in sel.reasons.items() if why != SELECTED}
-        return {n: d for n, d in devices.items() if d not in unfit}, unfit
-
     # ------------------------------------------------------------------ Flower API: training
 
     def prepare(self, arrays: ArrayRecord) -> None:
@@ -390,9 +312,10 @@ class RobustStrategy(Strategy):
         self._attempt = att
         devices, att.refused = self._node_map(grid)
         att.connected = sorted(devices.values())
-        eligible, _ = self._eligible(server_round, devices)
-        att.selection = dict(self._last_selection["devices"]) if self._last_selection is not None and \
-            self._last_selection["round"] == server_round else {}
+        sel = self._selection
+        eligible = devices if sel is None else sel.eligible(server_round, devices)[0]
+        att.selection = dict(sel.last["devices"]) if sel is not None and sel.last is not None and \
+            sel.last["round"] == server_round else {}
         nodes = sorted(eligible)
         k = min(len(nodes), max(math.ceil(self.fraction_train * len(nodes)), self.quorum))
         rng = np.random.default_rng([self.seed, server_round, number])
@@ -511,7 +434,7 @@ class RobustStrategy(Strategy):
         contents = [good[i][4] for i in res.selected]
         try:
             extra = (dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key))
-                     if self.train_metrics_aggr_fn else _median_metrics(contents, self.weighted_by_key))
+                     if self.train_metrics_aggr_fn else median_metrics(contents, self.weighted_by_key))
         except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("train metrics aggregation failed: %s", exc)
             extra = {}
@@ -522,7 +445,7 @@ class RobustStrategy(Strategy):
                                "rejected": len(att.rejected), "attempt": att.number,
                                "refused-nodes": len(att.refused)}
         for why, n in Counter(reason_key(w) for w in att.rejected.values()).items():
-            out[f"rejected-{_slug(why)}"] = n
+            out[f"rejected-{reason_slug(why)}"] = n
         return out
 
     # ------------------------------------------------------------------ Flower API: evaluation
@@ -559,7 +482,7 @@ class RobustStrategy(Strategy):
             return None
         try:
             out = (dict(self.evaluate_metrics_aggr_fn(ok, self.weighted_by_key))
-                   if self.evaluate_metrics_aggr_fn else _median_metrics(ok, self.weighted_by_key))
+                   if self.evaluate_metrics_aggr_fn else median_metrics(ok, self.weighted_by_key))
         except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("evaluate metrics aggregation failed: %s", exc)
             out = {}
@@ -613,20 +536,19 @@ class RobustStrategy(Strategy):
             time.sleep(0.5)
         return have
 
-    def _store(self) -> CheckpointStore | None:
+    def _checkpoints(self) -> Checkpoints | None:
+        """The checkpoint collaborator of this run (None without ``checkpoint_dirs``)."""
         if not self.checkpoint_dirs:
             return None
-        ident = self.signing_key
-        if ident is None:
-            ident = Identity.load_or_create("coordinator", key_path(self.checkpoint_dirs[0], CHECKPOINT_KEY))
-        elif not isinstance(ident, Identity):
-            ident = Identity.load("coordinator", ident)
-        self.signing_key = ident
-        policy = CheckpointPolicy(mode=self.checkpoint_mode, keep=self.checkpoint_keep, quorum=self.checkpoint_quorum)
-        store = CheckpointStore(self.checkpoint_dirs, policy, identity=ident)
-        if len(self.checkpoint_dirs) == 1:
-            log.warning("checkpoints in one directory: no replica guards against a lost or forged file")
-        return store
+        self.signing_key = signing_identity(self.signing_key, key_path(self.checkpoint_dirs[0], CHECKPOINT_KEY))
+        return Checkpoints(self.checkpoint_dirs, self.signing_key, mode=self.checkpoint_mode,
+                           keep=self.checkpoint_keep, quorum=self.checkpoint_quorum)
+
+    def _signer(self) -> Identity:
+        """The release signer: the checkpoints' key, or one kept with the keys beside the work directory."""
+        assert self.work_dir is not None
+        self.signing_key = signing_identity(self.signing_key, key_path(self.work_dir, CHECKPOINT_KEY))
+        return self.signing_key
 
     def _progress(self, rnd: int, attempt: int, waiting: str, connected: Iterable[str] = (),
                   eligible: Iterable[str] = ()) -> None:
@@ -635,26 +557,12 @@ class RobustStrategy(Strategy):
             return
         doc = {"round": rnd, "attempt": attempt, "waiting": waiting, "connected": sorted(connected),
                "eligible": sorted(eligible), "at": time.time(), **self._status}
-        if self._last_selection is not None:  # fogline status --coordinator: who trains, and why not
-            doc["selection"] = self._last_selection
-        try:
-            atomic_write(self.work_dir / PROGRESS_FILE, json.dumps(doc).encode())
-        except OSError as exc:
-            log.warning("cannot write %s: %s", PROGRESS_FILE, exc)
+        if self._selection is not None and self._selection.last is not None:  # fogline status: who trains, why not
+            doc["selection"] = self._selection.last
+        write_progress(self.work_dir, doc)
 
     def _fail(self, text: str, trace: str = "") -> RunFailed:
-        """Record a run-stopping bad input for the supervisor (one line) and return the error."""
-        if self.work_dir is not None:
-            doc: dict[str, Any] = {"error": text, "at": time.time()}
-            if trace:
-                doc["traceback"] = trace
-            try:
-                self.work_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write(self.work_dir / FATAL_FILE, json.dumps(doc).encode())
-            except OSError as exc:
-                log.error("cannot record the failure in %s: %s", self.work_dir, exc)
-        log.error("%s", text)
-        return RunFailed(text)
+        return record_failure(self.work_dir, text, trace)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -696,18 +604,7 @@ class RobustStrategy(Strategy):
             self.work_dir = self.checkpoint_dirs[0]
         if self.work_dir is None:
             return -1
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.work_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + 60.0
-        while True:  # one run per work directory: a stale ServerApp still dying must not write over us
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise RunFailed(f"{self.work_dir} is locked by another coordinator run") from None
-                time.sleep(0.5)
+        return lock_work_dir(self.work_dir)
 
     def _run(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
              train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
@@ -718,35 +615,19 @@ class RobustStrategy(Strategy):
         layout = Layout.of(initial_arrays)
         chash = self.config_hash(layout, train_config)
         try:
-            store = self._store()
+            ckpts = self._checkpoints()
         except FoglineError as exc:
             raise self._fail(f"checkpoints: {exc}") from None
         result = Result(arrays=initial_arrays)
-        history: list[dict[str, Any]] = []
-        arrays = initial_arrays
-        start_round, restarts, resumed_from, skipped = 1, 0, 0, []
-        resume_s = 0.0
-        if store is not None:
-            t0 = time.monotonic()
-            ckpt, scan = store.load_latest(chash)
-            skipped = [f"replica {e.replica} round {e.server_round}: {e.reason}" for e in scan.skipped]
-            for line in skipped:
-                log.warning("skipped checkpoint %s", line)
-            if ckpt is not None:
-                arrays = self._arrays_from(ckpt, layout)
-                self._aggregator.load_state_dict(ckpt.aggregator_state)
-                history = [dict(h) for h in ckpt.history]
-                start_round = ckpt.server_round + 1
-                restarts = int(ckpt.extra.get("restarts", 0)) + (1 if start_round <= num_rounds else 0)
-                resumed_from = ckpt.server_round
-                result.arrays = arrays
-                log.info("resuming after round %d (config %s)", ckpt.server_round, chash)
-            resume_s = time.monotonic() - t0
-        for h in history:
-            self._restore_metrics(result, h)
-        if self.release is not None:
+        start = Resumed(initial_arrays) if ckpts is None else ckpts.resume(chash, layout, initial_arrays,
+                                                                           self._aggregator, num_rounds)
+        history, arrays, start_round, restarts = start.history, start.arrays, start.start_round, start.restarts
+        result.arrays = arrays
+        restore_metrics(result, history)
+        releaser = None if self.release is None else Releaser(self.release, self._signer)
+        if releaser is not None:
             try:
-                self._check_release(arrays)
+                releaser.check(arrays)
             except ReleaseError as exc:
                 raise self._fail(str(exc)) from None
         if evaluate_fn is not None and start_round == 1:
@@ -754,9 +635,7 @@ class RobustStrategy(Strategy):
             if res0 is not None:
                 result.evaluate_metrics_serverapp[0] = res0
         round_s: list[float] = []
-        ckpt_s: list[float] = []
         releases: list[dict[str, Any]] = []
-        last_ckpt = start_round - 1
         self._reply_s = [float(x) for h in history for x in h.get("reply_s", ())][-REPLY_SAMPLES:]  # resumed
         for rnd in range(start_round, num_rounds + 1):
             r0 = time.monotonic()
@@ -786,28 +665,24 @@ class RobustStrategy(Strategy):
             round_s.append(time.monotonic() - r0)
             self._progress(rnd, int(entry.get("attempt", 0)), f"round {rnd} of {num_rounds} done: "
                            f"{entry.get('replies', 0)}/{entry.get('quorum', 0)} replies of its quorum")
-            if store is not None:
-                every = rounds_between_checkpoints(store.policy, float(np.mean(round_s)),
-                                                   float(np.mean(ckpt_s)) if ckpt_s else None, restarts,
-                                                   float(sum(round_s)))
-                if should_checkpoint(rnd, last_ckpt, num_rounds, every):
-                    try:
-                        saved = store.save(self._checkpoint(rnd, arrays, chash, history, restarts, round_s))
-                    except QuorumError as exc:
-                        raise self._fail(f"stopping: {exc}; the run resumes from round {last_ckpt}") from None
-                    ckpt_s.append(saved.seconds)
-                    last_ckpt = rnd
-            if self.release is not None and self.release.due(rnd, num_rounds):
-                rel = self._publish_release(rnd, arrays, entry)
-                if rel is not None:
-                    releases.append(rel)
+            if ckpts is not None:
+                try:
+                    ckpts.after_round(rnd, num_rounds, arrays, chash, self._aggregator, self.seed, history, restarts,
+                                      round_s)
+                except QuorumError as exc:
+                    raise self._fail(f"stopping: {exc}; the run resumes from round {ckpts.last}") from None
+            if releaser is not None and releaser.release.due(rnd, num_rounds):
+                if self.work_dir is None:
+                    self.work_dir = Path.cwd() / "fogline-run"
+                releases.append(releaser.publish(rnd, arrays, entry, self.work_dir / RELEASES_DIR))
             log.info("round %d: %s", rnd, {k: v for k, v in entry.items() if k in ("accepted", "skipped", "server")})
         if self.work_dir is not None:
             doc = {"config_hash": chash, "rounds": num_rounds, "rounds_done": num_rounds,
-                   "resumed_from": resumed_from, "history": history, "round_s": round_s, "checkpoint_s": ckpt_s,
-                   "resume_s": resume_s, "skipped_checkpoints": skipped, "releases": releases,
+                   "resumed_from": start.resumed_from, "history": history, "round_s": round_s,
+                   "checkpoint_s": ckpts.seconds if ckpts is not None else [], "resume_s": start.seconds,
+                   "skipped_checkpoints": start.skipped, "releases": releases,
                    "wall_s": time.monotonic() - t_start, "finished_at": time.time(), "done": True}
-            atomic_write(self.work_dir / REPORT_FILE, json.dumps(doc, indent=1, default=float).encode())
+            write_report(self.work_dir, doc)
         return result
 
     def train_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, train_config: ConfigRecord,
@@ -847,7 +722,8 @@ class RobustStrategy(Strategy):
             att = self._attempt
             assert att is not None
             if att.selection:  # report.json: every device, selected or why not (the fog's summaries)
-                entry["selection"] = {"rule": self.selection_rule, "devices": dict(att.selection)}
+                entry["selection"] = {"rule": self._selection.rule if self._selection else "",
+                                      "devices": dict(att.selection)}
             connected = att.connected
             if len(msgs) < q:
                 att.failure = (f"{self._aggregator.name} with f={self.f} needs {q} clients, "
@@ -900,71 +776,3 @@ class RobustStrategy(Strategy):
         entry["skipped"] = last
         log.error("round %d skipped, the model is unchanged: %s", rnd, entry["skipped"])
         return None, metrics
-
-    # ------------------------------------------------------------------ checkpoints and releases
-
-    def _checkpoint(self, rnd: int, arrays: ArrayRecord, chash: str, history: list[dict[str, Any]],
-                    restarts: int, round_s: list[float]) -> Checkpoint:
-        layout = Layout.of(arrays)
-        flat = layout.flat(arrays)
-        weights = tuple(layout.split(flat))
-        return Checkpoint(rnd, weights, chash, self._aggregator.state_dict(), {"seed": self.seed},
-                          tuple(json.loads(json.dumps(h, default=float)) for h in history),
-                          {"restarts": restarts, "elapsed_s": float(sum(round_s))}, layout.names)
-
-    @staticmethod
-    def _arrays_from(ckpt: Checkpoint, layout: Layout) -> ArrayRecord:
-        names = ckpt.names or layout.names
-        if tuple(names) != layout.names:
-            raise LocalViolation("checkpoint arrays do not match the model layout")
-        return ArrayRecord({n: Array(np.asarray(w).astype(np.dtype(dt), order="C"))
-                            for n, w, dt in zip(names, ckpt.weights, layout.dtypes)})
-
-    @staticmethod
-    def _restore_metrics(result: Result, h: Mapping[str, Any]) -> None:
-        rnd = int(h["round"])
-        for key, target in (("train", result.train_metrics_clientapp), ("evaluate", result.evaluate_metrics_clientapp),
-                            ("server", result.evaluate_metrics_serverapp)):
-            if isinstance(h.get(key), dict):
-                target[rnd] = MetricRecord({k: v for k, v in h[key].items() if isinstance(v, (int, float))})
-
-    def _check_release(self, arrays: ArrayRecord) -> None:
-        assert self.release is not None
-        blob = export_onnx(self.release.hook(), arrays)
-        check_onnx(blob, self.release.input_shape)
-
-    def _publish_release(self, rnd: int, arrays: ArrayRecord, entry: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Export, check, sign and write the release; a failure is logged, training goes on."""
-        assert self.release is not None
-        try:
-            blob = export_onnx(self.release.hook(), arrays)
-            info = check_onnx(blob, self.release.input_shape)
-        except ReleaseError as exc:
-            log.error("round %d: release skipped: %s", rnd, exc)
-            return {"round": rnd, "error": str(exc)}
-        if self.work_dir is None:
-            self.work_dir = self.checkpoint_dirs[0] if self.checkpoint_dirs else Path.cwd() / "fogline-run"
-        out = self.work_dir / RELEASES_DIR
-        sha = sha256_hex(blob)
-        last = self._released if self._released is not None else latest_release(out, self.release.name)
-        if last is not None and last[1] == sha:  # the same bytes under a new number would claim training happened
-            log.info("round %d: the model is unchanged since %s v%d (%s): not released", rnd, self.release.name,
-                     last[0], sha[:12])
-            self._released = last
-            return {"round": rnd, "unchanged": True, "version": last[0], "sha256": sha}
-        ident = self.signing_key
-        if not isinstance(ident, Identity):
-            ident = (Identity.load("coordinator", ident) if ident is not None else
-                     Identity.load_or_create("coordinator", self.work_dir / CHECKPOINT_KEY))
-            self.signing_key = ident
-        version = version_for(out, self.release.name, rnd)
-        server = entry.get("server") or {}
-        meta = {"round": str(rnd), **{str(k): str(v) for k, v in self.release.metadata.items()},
-                **({"accuracy": f"{float(server['accuracy']):.4f}"} if "accuracy" in server else {})}
-        rel = build_release(blob, ident, self.release.name, version, meta)
-        path = write_release(out, rel)
-        self._released = (version, rel.sha256)
-        log.info("released %s v%d (%s, %d bytes)", rel.workload, version, rel.sha256[:12], len(blob))
-        return {"round": rnd, "version": version, "sha256": rel.sha256, "path": str(path), "bytes": len(blob),
-                "signer": rel.signer, "inputs": info["inputs"]}
-

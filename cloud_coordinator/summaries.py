@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,19 @@ from runtime.ids import is_id
 from runtime.messages import Envelope, FleetSummary
 from runtime.security import TrustStore, Verifier
 
+from .selection import (
+    SELECTED,
+    SelectionPolicy,
+    explain,
+    explain_devices,
+    policy_named,
+    select_clients,
+)
+from .settings import Settings
 from .store import atomic_write
 
-__all__ = ["open_summary", "summary_path", "read_summaries", "store_summary", "valid_fog_id", "SummaryInbox",
-           "SiteKey", "read_site_summaries", "latest_summary",
+__all__ = ["Selector", "open_summary", "summary_path", "read_summaries", "store_summary", "valid_fog_id",
+           "SummaryInbox", "SiteKey", "read_site_summaries", "latest_summary",
            "WRONG_SENDER", "WRONG_FOG", "WRONG_SITE", "NOT_A_SUMMARY", "BAD_FOG_ID", "OLDER"]
 
 log = logging.getLogger(__name__)
@@ -165,3 +176,43 @@ def read_site_summaries(sites: Mapping[str, SiteKey]) -> list[FleetSummary]:
         if s is not None:
             out.append(s)
     return out
+
+
+class Selector:
+    """``RobustStrategy``'s selection collaborator: who may train this round, from the verified fleet
+    summaries the fogs sealed (``selection``'s energy-aware policy); everyone when there are none."""
+
+    def __init__(self, read_fleet: Callable[[], list[FleetSummary]], policy: SelectionPolicy, rule: str,
+                 seed: int) -> None:
+        self.read_fleet = read_fleet
+        self.policy = policy
+        self.rule = rule
+        self.seed = seed
+        self.last: dict[str, Any] | None = None  # the newest round's reasons (progress.json, fogline status)
+
+    @classmethod
+    def from_settings(cls, s: Settings, seed: int) -> Selector | None:
+        """From ``fogline coordinator``'s settings (a bad rule name stops here, before any round)."""
+        policy = policy_named(s.selection, s.battery_floor)
+        if s.sites:
+            keys = {name: SiteKey.from_json(d) for name, d in s.sites.items()}
+            return cls(lambda: read_site_summaries(keys), policy, s.selection, seed)
+        if s.summaries_dir and s.fog_keys:
+            folder, fogs, sites = (Path(s.summaries_dir), {k: bytes.fromhex(v) for k, v in s.fog_keys.items()},
+                                   dict(s.fog_sites))
+            return cls(lambda: read_summaries(folder, fogs, sites), policy, s.selection, seed)
+        return None
+
+    def eligible(self, server_round: int, devices: dict[int, str]) -> tuple[dict[int, str], dict[str, str]]:
+        """(node -> device of those who may train, device -> why not); seeded per round."""
+        fleet = self.read_fleet()
+        if not fleet:
+            return devices, {}
+        # random.Random: a numpy Generator has no sample() (a max_clients cap needs it)
+        sel = select_clients(fleet, time.time(), self.policy, random.Random(f"{self.seed}/{server_round}"))
+        log.info("round %d selection (%s): %s", server_round, self.rule, explain(sel))
+        log.info("round %d selection by device: %s", server_round, explain_devices(sel))
+        self.last = {"round": server_round, "rule": self.rule, "summary": explain(sel), "devices": dict(sel.reasons)}
+        # A device no fog reports on is not excluded: the summaries can only say who cannot afford a round.
+        unfit = {d: why for d, why in sel.reasons.items() if why != SELECTED}
+        return {n: d for n, d in devices.items() if d not in unfit}, unfit

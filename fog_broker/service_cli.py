@@ -6,6 +6,7 @@ Heavy imports happen inside the handlers.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -502,14 +503,16 @@ def render_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: ``fogline status --coordinator CKPT``: the coordinator's view of every site. The coordinator
-#: sets it when it registers its commands (``cloud_coordinator.sites_cli.register``): the fog
-#: does not import the coordinator.
-coordinator_status: Callable[[argparse.Namespace], int] | None = None
+#: Entry points that add views to ``fogline status``: ``coordinator`` answers ``--coordinator CKPT``.
+STATUS_GROUP = "fogline.status"
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     if args.coordinator is not None:  # the coordinator's view of every site, not one fog's
+        # ``fogline status --coordinator CKPT``: the coordinator's handler, by entry point (``fogline.status``
+        # in pyproject.toml) when the coordinator is installed: the fog does not import it
+        eps = importlib.metadata.entry_points(group=STATUS_GROUP, name="coordinator")
+        coordinator_status: Callable[[argparse.Namespace], int] | None = next(iter(eps)).load() if eps else None
         if coordinator_status is None:
             print("error: --coordinator needs the cloud coordinator's commands (not installed)",
                   file=sys.stderr)

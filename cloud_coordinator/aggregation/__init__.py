@@ -6,9 +6,10 @@ clocks; randomness only through an injected ``np.random.Generator``.
 """
 from __future__ import annotations
 
+from . import rules as _rules
 from ._errors import AggregationError
 from ._parallel import workers
-from ._result import AggregateResult
+from ._result import AggregateResult, RuleSpec
 from .clipping import norm_clip, row_norms
 from .distances import direct_sq_distances, pairwise_sq_distances
 from .preagg import Mixed, bucketing, nnm
@@ -22,22 +23,11 @@ from .registry import (
     quorum,
     robust_default,
 )
-from .rules import (
-    bulyan,
-    centered_clipping,
-    coordinate_median,
-    geometric_median,
-    krum,
-    krum_scores,
-    mean,
-    multi_krum,
-    trimmed_mean,
-)
+from .rules import *  # noqa: F403 - every rule's guarded function (rules.__all__, beside each rule's spec)
 
 __all__ = [
-    "AggregateResult", "AggregationError", "Aggregator", "DEFAULT_RULE", "Mixed",
-    "PREAGGREGATORS", "RULES", "bucketing", "bulyan", "centered_clipping", "coordinate_median",
-    "describe", "direct_sq_distances", "geometric_median", "get_rule", "krum", "krum_scores",
-    "mean", "multi_krum", "nnm", "norm_clip", "pairwise_sq_distances", "quorum", "robust_default",
-    "row_norms", "trimmed_mean", "workers",
+    "AggregateResult", "AggregationError", "Aggregator", "DEFAULT_RULE", "Mixed", "PREAGGREGATORS", "RULES",
+    "RuleSpec", "bucketing", "describe", "direct_sq_distances", "get_rule", "nnm", "norm_clip",
+    "pairwise_sq_distances", "quorum", "robust_default", "row_norms", "workers",
 ]
+__all__ += _rules.__all__

@@ -6,16 +6,27 @@ for each row, the clients that went into it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._errors import AggregationError
 from ._kernels import mix
+from ._result import count, positive
 from ._validate import NonFinite, as_updates, check_f, raise_nonfinite
 from .distances import pairwise_sq_distances
 
-__all__ = ["Mixed", "nnm", "bucketing", "nnm_matrix", "bucketing_matrix", "groups_of"]
+__all__ = ["PRE_OPTIONS", "Mixed", "nnm", "bucketing", "nnm_matrix", "bucketing_matrix", "groups_of"]
+
+
+# The pre-aggregators a pipeline may put before its rule (``nnm+trimmed_mean``), each with its options'
+# checks (``clip`` is ``clipping.clip_rows``).
+PRE_OPTIONS: dict[str, dict[str, Callable[[object], bool]]] = {
+    "nnm": {},
+    "bucketing": {"bucket_size": count},
+    "clip": {"clip_norm": lambda v: v is None or positive(v)},
+}
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -8,7 +8,7 @@ last aggregate, bucketing's random generator), and ``state_dict`` /
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -16,34 +16,20 @@ import numpy as np
 from . import rules as _r
 from ._errors import AggregationError
 from ._kernels import mix
-from ._result import AggregateResult
+from ._result import AggregateResult, RuleSpec
 from ._rows import RowStack
 from ._validate import as_updates, guarded
 from .clipping import clip_rows
 from .distances import pairwise_sq_distances
-from .preagg import bucketing_matrix, groups_of, nnm_matrix
+from .preagg import PRE_OPTIONS, bucketing_matrix, groups_of, nnm_matrix
 
 __all__ = [
     "RULES", "PREAGGREGATORS", "DEFAULT_RULE", "Aggregator", "get_rule", "robust_default",
     "describe", "quorum",
 ]
 
-RuleFn = Callable[..., AggregateResult]
-
-_OPTIONS: dict[str, frozenset[str]] = {
-    "mean": frozenset(),
-    "median": frozenset(),
-    "trimmed_mean": frozenset(),
-    "krum": frozenset(),
-    "multi_krum": frozenset({"m"}),
-    "bulyan": frozenset(),
-    "geometric_median": frozenset({"tol", "max_iter", "nu"}),
-    "centered_clipping": frozenset({"tau", "iters", "quantile"}),
-}
-_RULES: dict[str, tuple[RuleFn, frozenset[str]]] = {
-    k: (_r.CORES[k], v) for k, v in _OPTIONS.items()}
-_PRE_KW = {"nnm": frozenset(), "bucketing": frozenset({"bucket_size"}),
-           "clip": frozenset({"clip_norm"})}
+_RULES: dict[str, RuleSpec] = {spec.name: spec for spec in _r.SPECS}  # each rule's facts: rules.py
+_PRE_KW = PRE_OPTIONS
 
 RULES: tuple[str, ...] = tuple(_RULES)
 PREAGGREGATORS: tuple[str, ...] = tuple(_PRE_KW)
@@ -71,22 +57,9 @@ def _parse(name: str) -> tuple[tuple[str, ...], str]:
     return tuple(pre), rule
 
 
-def _positive(v: object) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and bool(np.isfinite(v)) and bool(v > 0)
-
-
-def _check_options(name: str, kw: dict[str, Any]) -> None:
-    """Fail at construction, not in round 37, on a bad option value."""
-    checks = {
-        "tau": lambda v: v is None or _positive(v),
-        "iters": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
-        "quantile": lambda v: _positive(v) and v <= 1,
-        "bucket_size": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
-        "clip_norm": lambda v: v is None or _positive(v),
-        "m": lambda v: v is None or (isinstance(v, (int, np.integer)) and v >= 1),
-        "tol": _positive, "nu": _positive,
-        "max_iter": lambda v: isinstance(v, (int, np.integer)) and v >= 1,
-    }
+def _check_options(name: str, rule: str, pre: tuple[str, ...], kw: dict[str, Any]) -> None:
+    """Fail at construction, not in round 37, on a bad option value (each rule's and pre-aggregator's checks)."""
+    checks = {**_RULES[rule].options, **{k: c for p in pre for k, c in _PRE_KW[p].items()}}
     for k, v in kw.items():
         if k in checks and not checks[k](v):
             raise AggregationError(f"{name}: invalid value for option {k}: {v!r}")
@@ -107,7 +80,7 @@ class Aggregator:
     def __init__(self, name: str, f: int, *, rng: np.random.Generator | None = None,
                  seed: int = 0, **kw: Any) -> None:
         pre, rule = _parse(name)
-        allowed = set(_RULES[rule][1]).union(*(_PRE_KW[p] for p in pre))
+        allowed = set(_RULES[rule].options).union(*(_PRE_KW[p] for p in pre))
         unknown = set(kw) - allowed
         if unknown:
             raise AggregationError(f"{name}: unknown options {sorted(unknown)}")
@@ -117,9 +90,9 @@ class Aggregator:
         self.f = int(f)
         self._pre = pre
         self._rule = rule
-        self._kw = {k: v for k, v in kw.items() if k in _RULES[rule][1]}
-        self._pre_kw = {k: v for k, v in kw.items() if k not in _RULES[rule][1]}
-        _check_options(name, kw)
+        self._kw = {k: v for k, v in kw.items() if k in _RULES[rule].options}
+        self._pre_kw = {k: v for k, v in kw.items() if k not in _RULES[rule].options}
+        _check_options(name, rule, pre, kw)
         self._rng = rng if rng is not None else np.random.default_rng(seed)
         self._state: dict[str, Any] | None = None
         self.rounds = 0
@@ -131,8 +104,7 @@ class Aggregator:
     def min_clients(self) -> int:
         """The fewest client rows this pipeline accepts for its ``f`` (the rule's bound)."""
         f = self.f
-        need = {"mean": 1, "krum": 2 * f + 3, "multi_krum": 2 * f + 3, "bulyan": 4 * f + 3}.get(
-            self._rule, 2 * f + 1)
+        need = _RULES[self._rule].min_clients(f)
         for p in reversed(self._pre):
             if p == "nnm":
                 need = max(need, f + 1)
@@ -161,7 +133,7 @@ class Aggregator:
                            np.asarray(x, dtype=np.float64) - base), None
             elif isinstance(x, RowStack):
                 x = cast(np.ndarray, x.centered_at(base))  # stands in for the array, as in as_updates
-        res = guarded(lambda xx, ww: self._run(xx, ww, base), x, weights, True)
+        res = guarded(lambda xx, ww: self._run(xx, ww, base), x, weights, _RULES[self._rule].nonfinite == "reject")
         if res.state is not None:
             self._state = dict(res.state)
         self.rounds += 1
@@ -186,14 +158,14 @@ class Aggregator:
             x = mix(x, mat, base)
             base = None
             groups = tuple(tuple(sorted({c for j in g for c in groups[j]})) for g in groups_of(mat))
-        fn, _ = _RULES[self._rule]
+        spec = _RULES[self._rule]
         kw = dict(self._kw)
-        if self._rule == "centered_clipping":
+        if spec.stateful:
             kw["state"] = self._state
             if base is not None:  # start from last round's aggregate, in the rows' (weight) space
                 v = np.zeros(x.shape[1]) if self._state is None else np.asarray(self._state["v"])
                 kw["state"] = {"v": v + base}
-        res = fn(x, w, f=self.f, **kw)
+        res = spec.core(x, w, f=self.f, **kw)
         chosen = {c for i in res.selected for c in groups[i]}
         rejected = {i: NOT_SELECTED for i in range(n) if i not in chosen}
         update, state = res.update, res.state

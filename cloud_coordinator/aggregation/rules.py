@@ -16,12 +16,12 @@ import numpy as np
 
 from ._errors import AggregationError
 from ._kernels import centered_gram, combine, map_sorted_chunks, map_sorted_rows
-from ._result import AggregateResult
+from ._result import AggregateResult, RuleSpec, count, positive
 from ._validate import as_updates, as_weights, check_f, guarded
 from .distances import pairwise_sq_distances
 
 __all__ = [
-    "CORES", "mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "bulyan",
+    "SPECS", "mean", "coordinate_median", "trimmed_mean", "krum", "multi_krum", "bulyan",
     "geometric_median", "centered_clipping", "krum_scores",
 ]
 
@@ -43,6 +43,9 @@ def mean(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | None = None,
     """Weighted mean (FedAvg); not robust, the baseline every rule is measured against."""
     x = as_updates(updates)
     return guarded(lambda x, w: _mean_core(x, w, f=f), x, weights, reject_nonfinite)
+
+
+MEAN = RuleSpec("mean", _mean_core, mean, lambda f: 1)
 
 
 def _coordinate_median_core(x: np.ndarray, w: np.ndarray | None, *,
@@ -69,6 +72,9 @@ def coordinate_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | 
     return guarded(lambda x, w: _coordinate_median_core(x, w, f=f), x, weights, reject_nonfinite)
 
 
+MEDIAN = RuleSpec("median", _coordinate_median_core, coordinate_median, lambda f: 2 * f + 1)
+
+
 def _trimmed_mean_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResult:
     """Core of ``trimmed_mean`` (raises NonFinite; the guard handles it)."""
     n, d = x.shape
@@ -88,6 +94,9 @@ def trimmed_mean(updates: np.ndarray, *, f: int, weights: np.ndarray | None = No
     """Per coordinate, drop the f largest and f smallest values and average the rest."""
     x = as_updates(updates)
     return guarded(lambda x, w: _trimmed_mean_core(x, w, f=f), x, weights, reject_nonfinite)
+
+
+TRIMMED_MEAN = RuleSpec("trimmed_mean", _trimmed_mean_core, trimmed_mean, lambda f: 2 * f + 1)
 
 
 def krum_scores(dist: np.ndarray, f: int, active: np.ndarray | None = None) -> np.ndarray:
@@ -144,12 +153,19 @@ def _krum_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResul
     return _multi_krum_core(x, w, f=f, m=1)
 
 
+KRUM = RuleSpec("krum", _krum_core, krum, lambda f: 2 * f + 3)
+
+
 def multi_krum(updates: np.ndarray, *, f: int, m: int | None = None,
                weights: np.ndarray | None = None,
                reject_nonfinite: bool = False) -> AggregateResult:
     """Multi-Krum: weighted mean of the m lowest-scoring updates (default m = n - f)."""
     x = as_updates(updates)
     return guarded(lambda x, w: _multi_krum_core(x, w, f=f, m=m), x, weights, reject_nonfinite)
+
+
+MULTI_KRUM = RuleSpec("multi_krum", _multi_krum_core, multi_krum, lambda f: 2 * f + 3,
+                      {"m": lambda v: v is None or count(v)})
 
 
 def _bulyan_core(x: np.ndarray, w: np.ndarray | None, *, f: int) -> AggregateResult:
@@ -205,6 +221,9 @@ def bulyan(updates: np.ndarray, *, f: int, weights: np.ndarray | None = None,
     return guarded(lambda x, w: _bulyan_core(x, w, f=f), x, weights, reject_nonfinite)
 
 
+BULYAN = RuleSpec("bulyan", _bulyan_core, bulyan, lambda f: 4 * f + 3)
+
+
 def _affine_sqdist(g: np.ndarray, alpha: np.ndarray, rows: int) -> np.ndarray:
     """Squared distance from the point alpha (affine combination) to rows 0..rows-1."""
     ga = g @ alpha
@@ -248,6 +267,10 @@ def geometric_median(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | N
     return guarded(
         lambda x, w: _geometric_median_core(x, w, f=f, tol=tol, max_iter=max_iter, nu=nu),
         x, weights, reject_nonfinite)
+
+
+GEOMETRIC_MEDIAN = RuleSpec("geometric_median", _geometric_median_core, geometric_median, lambda f: 2 * f + 1,
+                            {"tol": positive, "max_iter": count, "nu": positive})
 
 
 def _centered_clipping_core(x: np.ndarray, w: np.ndarray | None, *, f: int = 0,
@@ -306,15 +329,16 @@ def centered_clipping(updates: np.ndarray, *, f: int = 0, weights: np.ndarray | 
         x, weights, reject_nonfinite)
 
 
-# Unguarded cores by registry name: the registry's own guard sees NonFinite from
-# pre-aggregation and the rule alike, so it can drop those clients and rerun.
-CORES = {
-    "mean": _mean_core,
-    "median": _coordinate_median_core,
-    "trimmed_mean": _trimmed_mean_core,
-    "krum": _krum_core,
-    "multi_krum": _multi_krum_core,
-    "bulyan": _bulyan_core,
-    "geometric_median": _geometric_median_core,
-    "centered_clipping": _centered_clipping_core,
-}
+def _fraction(v: object) -> bool:
+    return positive(v) and float(v) <= 1  # type: ignore[arg-type]  # positive: a real number
+
+
+CENTERED_CLIPPING = RuleSpec(
+    "centered_clipping", _centered_clipping_core, centered_clipping, lambda f: 2 * f + 1,
+    {"tau": lambda v: v is None or positive(v), "iters": count, "quantile": _fraction}, stateful=True)
+
+# Every rule by registry name, in the order the CLI lists them: the registry runs their unguarded cores
+# under its own guard (it sees NonFinite from pre-aggregation and the rule alike, so it can drop those
+# clients and rerun). A new rule is its core, its guarded function and its spec above, listed here.
+SPECS: tuple[RuleSpec, ...] = (MEAN, MEDIAN, TRIMMED_MEAN, KRUM, MULTI_KRUM, BULYAN, GEOMETRIC_MEDIAN,
+                               CENTERED_CLIPPING)

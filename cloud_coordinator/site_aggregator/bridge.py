@@ -23,20 +23,18 @@ from collections import Counter
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edge_agent.flower_client import simulated_faults
-
 from ..layout import reason_key
 from .spool import Job, Spool, SpoolFull, from_config
 
-__all__ = ["REPLY_MARGIN_S", "app", "site_reply"]
+__all__ = ["REPLY_MARGIN_S", "app", "site_reply", "train", "evaluate"]
 
 log = logging.getLogger("fogline.site-rounds")
 REPLY_MARGIN_S = 5.0       # the site answers this long before the cloud stops waiting for the Message
 SITE_FAILED = 3001         # Flower error codes of ours (a ClientApp's own error range)
 NO_SPOOL = 3002
 
-# simulated_faults does nothing unless the node config says byzantine=...: tests of a Byzantine site
-app = ClientApp(mods=[simulated_faults])
+# No fault hook here (tests of a Byzantine site ship simulations.faulty_bridge: --site-bridge)
+app = ClientApp()
 
 
 def _slug(reason: str) -> str:

@@ -285,3 +285,34 @@ def test_the_watchdog_grows_with_the_serverapps_adapted_deadline(tmp_path: Path)
     os.utime(tmp_path / "progress.json", ns=(0, 10**18))  # a new stamp, whatever the file system's resolution
     sup._note_progress()
     assert sup._watchdog_s == watchdog_bound(270.0, 5.0)  # a working 270 s attempt is not a stall
+
+
+def test_the_release_key_of_a_run_without_checkpoints_is_kept_with_the_other_keys(tmp_path: Path) -> None:
+    """Issue 28 (low): with no checkpoint directory the release signing key was written into work_dir,
+    beside what it vouches for; it lives in ``<work_dir>.keys/`` (0700) as ``key_path`` says, 0600."""
+    g, clock = _slow_grid(lambda rnd, attempt: 1.0)
+    work = tmp_path / "run"
+    RobustStrategy("trimmed_mean", f=1, fraction_evaluate=0.0, round_timeout=30.0, grace=0.0, clock=clock,
+                   work_dir=work, release=Release("m", _hook, input_shape=(1, 3))).start(
+        grid=g, initial_arrays=_init(), num_rounds=1)
+    assert list((work / "releases").glob("m-v*.release"))
+    assert not list(work.glob("*.key"))
+    key = tmp_path / "run.keys" / "checkpoint.key"
+    assert key.is_file() and (key.stat().st_mode & 0o777) == 0o600
+    assert (key.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_fogline_status_coordinator_reaches_the_coordinators_handler_without_patching_the_fog(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31: ``fogline status --coordinator`` is the fog's command; it finds the coordinator's handler by
+    entry point (``fogline.status``), and no module patches the fog's."""
+    import fog_broker.service_cli as fog_cli
+    from runtime.cli import main
+
+    assert not hasattr(fog_cli, "coordinator_status")
+    (tmp_path / "progress.json").write_text(json.dumps({"round": 2, "attempt": 1, "quorum": 3, "deadline_s": 30.0,
+                                                         "retries": 0, "waiting": "replies", "at": 0.0}))
+    capsys.readouterr()
+    assert main(["status", "--coordinator", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["checkpoint_dir"] == str(tmp_path) and doc["rounds"]["round"] == 2, doc

@@ -81,7 +81,7 @@ def test_kill9_of_the_coordinator_takes_superlink_superexec_and_serverapp_and_fr
 
     import psutil
 
-    from cloud_coordinator.strategy import LOCK_FILE
+    from cloud_coordinator.runfiles import LOCK_FILE
 
     work = tmp_path / "ck"
     _, pub = keygen(tmp_path / "k0")

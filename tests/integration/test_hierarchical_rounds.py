@@ -105,7 +105,7 @@ def test_two_level_round_with_a_byzantine_device_and_a_byzantine_site(tmp_path: 
         coord = dep.coordinator("--app", str(bundled_app("digits")), "--hierarchical", "--rounds", str(ROUNDS),
                                 "--rule", "median", "--f", "1", "--num-partitions", str(n),
                                 "--round-timeout", "60", "--grace", "2", "--timeout", "400", "--seed", "7",
-                                "--local-epochs", "3")
+                                "--local-epochs", "3", "--site-bridge", "simulations.faulty_bridge:app")  # site-c lies
         dep.wait_file(dep.ck / "superlink.json", 60)
         attacks = {"site-a": {2: "nan"}, "site-b": {0: "sign-flip"}, "site-c": {}}
         ports = {s: _site(dep, s, proxy.port, procs, "sign-flip" if s == "site-c" else "") for s in SITES}
