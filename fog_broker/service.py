@@ -449,6 +449,8 @@ class FogService:
         except DecodeError as exc:
             why = "unsigned" if str(exc).startswith("expected an envelope") else "malformed"
             self.counters[f"rejected:{why}"] += 1
+            if kind != _RELEASE:
+                self._charge(kind, sender, m.received_at)  # a failed check: counts towards a quarantine
             log.debug("%s payload on %s: %s", why, topic, exc)
             return
         if kind != _RELEASE and msg.sender != sender:
