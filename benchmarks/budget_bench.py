@@ -1,0 +1,120 @@
+"""The cost of the per-identity budgets (issue 29): this tree against a baseline ref, side by side.
+
+Run: ``python -m benchmarks.budget_bench [--quick] [--base main]``. The baseline is the same
+benchmark code run from a temporary ``git worktree`` of ``--base`` (default ``main``), in
+alternating rounds (this tree, base, this tree, base, ...) on the same machine, threads and
+cores, so both see the same load. Each measurement runs in its own process with that tree first
+on ``sys.path``:
+
+* signed advert ingest: ``benchmarks.fog_bench.bench_ingest`` (a real ``FogService`` over TLS
+  mosquitto, verify worker processes, budgets on as shipped): verified states per second;
+* HTTPS inference p50: ``benchmarks.http_bench --quick`` (a real fog with ``--http``, real agents
+  and onnxruntime): p50 of sequential HTTPS JSON requests with a client certificate.
+
+Prints JSON (``out/bench/budget.json``) with the medians per tree and the ratios this/base
+(goal >= 0.95 for the ingest rate, <= 1/0.95 for the p50).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._emit import emit, run_header
+
+HERE = Path(__file__).resolve().parents[1]
+
+INGEST = r"""
+import json, sys, tempfile
+from pathlib import Path
+from benchmarks.fog_bench import bench_ingest
+n, per = int(sys.argv[1]), int(sys.argv[2])
+with tempfile.TemporaryDirectory(prefix="fogline-budget-bench-") as d:
+    r = bench_ingest(n, per, 2, [("processes", 2, "sig", True)], Path(d), transport=False)
+print(json.dumps({"per_s": r["fog_verified_processes2_tls"]["per_s"], "limited": r["fog_verified_processes2_tls"]["limited"]}))
+"""
+
+
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def _json_tail(out: str) -> Any:
+    """The last JSON document a benchmark printed (it prints one, indented or not)."""
+    start = out.rfind("\n{\n")
+    return json.loads(out[start + 1:] if start >= 0 else out.strip().splitlines()[-1])
+
+
+def ingest(tree: Path, n: int, per: int) -> dict[str, Any]:
+    p = subprocess.run([sys.executable, "-c", INGEST, str(n), str(per)], cwd=tree, env=_env(tree),
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"ingest in {tree} failed: {p.stderr[-2000:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def https_p50(tree: Path) -> float:
+    p = subprocess.run([sys.executable, "-m", "benchmarks.http_bench", "--quick"], cwd=tree, env=_env(tree),
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"http_bench in {tree} failed: {p.stderr[-2000:]}")
+    return float(_json_tail(p.stdout)["latency"]["http_json_cert"]["p50_ms"])
+
+
+def run(quick: bool, base: str) -> dict[str, Any]:
+    rounds = 1 if quick else 2
+    n, per = (100, 10) if quick else (300, 10)
+    out: dict[str, Any] = run_header("budget", quick, base=base, rounds=rounds, agents=n, states_per_agent=per)
+    with tempfile.TemporaryDirectory(prefix="fogline-budget-base-") as d:
+        base_tree = Path(d) / "tree"
+        subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(base_tree), base],
+                       check=True, capture_output=True)
+        try:
+            trees = {"this": HERE, "base": base_tree}
+            rates: dict[str, list[float]] = {k: [] for k in trees}
+            p50s: dict[str, list[float]] = {k: [] for k in trees}
+            for _ in range(rounds):
+                for name, tree in trees.items():
+                    rates[name].append(ingest(tree, n, per)["per_s"])
+                for name, tree in trees.items():
+                    p50s[name].append(https_p50(tree))
+        finally:
+            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(base_tree)],
+                           capture_output=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    p50 = {k: statistics.median(v) for k, v in p50s.items()}
+    out["ingest_verified_per_s"] = {"this": med["this"], "base": med["base"], "runs": rates,
+                                    "ratio": round(med["this"] / med["base"], 3)}
+    out["https_p50_ms"] = {"this": p50["this"], "base": p50["base"], "runs": p50s,
+                           "ratio_base_over_this": round(p50["base"] / p50["this"], 3)}
+    out["goal_ratio_at_least_0_95"] = (out["ingest_verified_per_s"]["ratio"] >= 0.95
+                                       and out["https_p50_ms"]["ratio_base_over_this"] >= 0.95)
+    out["loadavg_at_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="budget_bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="one round each, fewer agents (~3 min)")
+    ap.add_argument("--base", default="main", help="the git ref to measure against (default main)")
+    args = ap.parse_args(argv)
+    out = run(args.quick, args.base)
+    emit("budget", out)
+    i, h = out["ingest_verified_per_s"], out["https_p50_ms"]
+    print(f"signed advert ingest {i['this']:.0f}/s vs {i['base']:.0f}/s on {args.base} (x{i['ratio']}); "
+          f"HTTPS p50 {h['this']:.2f} ms vs {h['base']:.2f} ms (base/this x{h['ratio_base_over_this']})",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
