@@ -8,8 +8,9 @@ on ``sys.path``:
 
 * signed advert ingest: ``benchmarks.fog_bench.bench_ingest`` (a real ``FogService`` over TLS
   mosquitto, verify worker processes, budgets on as shipped): verified states per second;
-* HTTPS inference p50: ``benchmarks.http_bench --quick`` (a real fog with ``--http``, real agents
-  and onnxruntime): p50 of sequential HTTPS JSON requests with a client certificate.
+* HTTPS inference p50: a real secure fog with ``--http``, two real agents and onnxruntime serving
+  ``zoo:mlp`` (``benchmarks.http_bench``'s helpers): p50 of sequential HTTPS JSON requests with a
+  client certificate.
 
 Prints JSON (``out/bench/budget.json``) with the medians per tree and the ratios this/base
 (goal >= 0.95 for the ingest rate, <= 1/0.95 for the p50).
@@ -38,7 +39,41 @@ from benchmarks.fog_bench import bench_ingest
 n, per = int(sys.argv[1]), int(sys.argv[2])
 with tempfile.TemporaryDirectory(prefix="fogline-budget-bench-") as d:
     r = bench_ingest(n, per, 2, [("processes", 2, "sig", True)], Path(d), transport=False)
-print(json.dumps({"per_s": r["fog_verified_processes2_tls"]["per_s"], "limited": r["fog_verified_processes2_tls"]["limited"]}))
+m = r["fog_verified_processes2_tls"]
+print(json.dumps({"per_s": m["per_s"], "limited": m["limited"]}))
+"""
+
+
+HTTPS = r"""
+import json, os, sys, tempfile
+from pathlib import Path
+import numpy as np
+from benchmarks.http_bench import OipConnection, latency, spawn_agents, wait_for, kill9
+from simulations.local_site import LocalSite
+rounds = int(sys.argv[1])
+with tempfile.TemporaryDirectory(prefix="fogline-budget-http-") as d:
+    tmp = Path(d)
+    site = LocalSite(tmp / "fog", site=f"budget{os.getpid()}", log=tmp / "fog.log",
+                     args=["--http", "0", "--state-interval", "1"]).start()
+    proc = None
+    try:
+        proc = spawn_agents(site, [
+            {"id": "cam", "memory": 1000, "flops": 1e8, "labels": {"role": "source"}},
+            {"id": "w0", "memory": 50_000_000, "labels": {"role": "lat"}}], tmp / "agents", tmp / "agents.log")
+        admin = site.client()
+        wait_for(lambda: {d["id"] for d in admin.status()["devices"] if d["alive"]} >= {"cam", "w0"}, 60, "alive")
+        admin.deploy({"name": "mlp", "model": "zoo:mlp", "source": "cam", "sink": "cam", "selectors": {"role": "lat"}})
+        admin.wait_running("mlp", 60)
+        creds = site.credentials("admin")
+        conn = OipConnection(site.ready["http"], ca=str(creds / "ca.pem"),
+                             cert=(str(creds / "cert.pem"), str(creds / "key.pem")))
+        x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+        lat = latency({"http_json_cert": lambda: conn.infer("mlp", x)}, rounds)
+        print(json.dumps({"p50_ms": lat["http_json_cert"]["p50_ms"], "p99_ms": lat["http_json_cert"]["p99_ms"]}))
+    finally:
+        if proc is not None:
+            kill9(proc)
+        site.stop()
 """
 
 
@@ -46,12 +81,6 @@ def _env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree)
     return env
-
-
-def _json_tail(out: str) -> Any:
-    """The last JSON document a benchmark printed (it prints one, indented or not)."""
-    start = out.rfind("\n{\n")
-    return json.loads(out[start + 1:] if start >= 0 else out.strip().splitlines()[-1])
 
 
 def ingest(tree: Path, n: int, per: int) -> dict[str, Any]:
@@ -62,12 +91,12 @@ def ingest(tree: Path, n: int, per: int) -> dict[str, Any]:
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
 
 
-def https_p50(tree: Path) -> float:
-    p = subprocess.run([sys.executable, "-m", "benchmarks.http_bench", "--quick"], cwd=tree, env=_env(tree),
-                       capture_output=True, text=True, timeout=900)
+def https_p50(tree: Path, rounds: int) -> float:
+    p = subprocess.run([sys.executable, "-c", HTTPS, str(rounds)], cwd=tree, env=_env(tree),
+                       capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
-        raise RuntimeError(f"http_bench in {tree} failed: {p.stderr[-2000:]}")
-    return float(_json_tail(p.stdout)["latency"]["http_json_cert"]["p50_ms"])
+        raise RuntimeError(f"HTTPS run in {tree} failed: {p.stderr[-2000:]}")
+    return float(json.loads(p.stdout.strip().splitlines()[-1])["p50_ms"])
 
 
 def run(quick: bool, base: str) -> dict[str, Any]:
@@ -86,7 +115,7 @@ def run(quick: bool, base: str) -> dict[str, Any]:
                 for name, tree in trees.items():
                     rates[name].append(ingest(tree, n, per)["per_s"])
                 for name, tree in trees.items():
-                    p50s[name].append(https_p50(tree))
+                    p50s[name].append(https_p50(tree, 300 if quick else 1000))
         finally:
             subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(base_tree)],
                            capture_output=True)

@@ -243,3 +243,23 @@ def test_a_forged_activation_flood_leaves_the_victim_on_the_site(site: Site) -> 
     assert rejected < 2_000, f"the victim checked {rejected} forged frames (its budget is 1,000 at once)"
     lines = site.log_of(victim).count("activation") - lines_before
     assert lines < 60, f"{lines} new log lines about activations on the victim"
+
+
+def test_a_coordinator_flooding_the_release_topic_is_throttled_before_decode(site: Site) -> None:
+    """Releases had no budget: every frame on ``cloud/RELEASE`` was decoded on the MQTT worker."""
+    with site.site.client("watch") as c:
+        before = c.status()["counters"]
+    junk = [(f"{BASE}/cloud/RELEASE", b"\x92" + bytes(range(200)))]
+    with Probe(site.site, "watch", period=0.25) as probe:
+        n = _sent(_attack(site, CLOUD, _issued_tls(site, CLOUD), junk))
+        probe._stop.wait(1.0)
+    assert n > 2_000, f"the flood was too slow to prove anything ({n} in {FLOOD_S:g} s)"
+    assert not probe.errors, probe.errors[:3]
+    with site.site.client("watch") as c:
+        after = c.status()["counters"]
+
+    def grew(key: str) -> int:
+        return int(after.get(key, 0)) - int(before.get(key, 0))
+    decoded = grew("rejected:malformed") + grew("rejected:unsigned")
+    assert decoded <= 20 + 5 * (FLOOD_S + 2), f"{decoded} of {n} junk releases decoded (budget 5/s, bursts of 20)"
+    assert grew("control.limited:over budget") > n // 2, (after, n)
