@@ -67,7 +67,8 @@ def attack(port: int, root: Path, client_id: str, tls: Tls, frames: Sequence[tup
            once: Sequence[tuple[str, bytes]] = (), repeat: bool = True, rate: float = 0.0
            ) -> subprocess.Popen[str]:
     spec = {"client_id": client_id, "port": port, "ca": tls[0], "cert": tls[1], "key": tls[2], "seconds": seconds,
-            "repeat": repeat, "rate": rate, "frames": [(t, p.hex()) for t, p in frames], "once": [(t, p.hex()) for t, p in once]}
+            "repeat": repeat, "rate": rate, "frames": [(t, p.hex()) for t, p in frames],
+            "once": [(t, p.hex()) for t, p in once]}
     path = root / f"attack-{client_id}-{time.time_ns()}.json"
     path.write_text(json.dumps(spec))
     return subprocess.Popen([sys.executable, "-c", ATTACKER, str(path)], cwd=REPO, stdout=subprocess.PIPE,
