@@ -86,34 +86,15 @@ with tempfile.TemporaryDirectory(prefix="fogline-budget-http-") as d:
 """
 
 
-def _env(tree: Path) -> dict[str, str]:
+def measure(tree: Path, script: str, *args: object) -> dict[str, Any]:
+    """Run ``script`` with ``tree`` first on ``sys.path`` (its own process): the JSON it printed last."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree)
-    return env
-
-
-def ingest(tree: Path, n: int, per: int) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, "-c", INGEST, str(n), str(per)], cwd=tree, env=_env(tree),
+    p = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=tree, env=env,
                        capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
-        raise RuntimeError(f"ingest in {tree} failed: {p.stderr[-2000:]}")
+        raise RuntimeError(f"a measurement in {tree} failed: {p.stderr[-2000:]}")
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
-
-
-def intake_cpu(tree: Path, n: int, per: int) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, "-c", CPU, str(n), str(per)], cwd=tree, env=_env(tree),
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(f"intake CPU in {tree} failed: {p.stderr[-2000:]}")
-    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
-
-
-def https_p50(tree: Path, rounds: int) -> float:
-    p = subprocess.run([sys.executable, "-c", HTTPS, str(rounds)], cwd=tree, env=_env(tree),
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError(f"HTTPS run in {tree} failed: {p.stderr[-2000:]}")
-    return float(json.loads(p.stdout.strip().splitlines()[-1])["p50_ms"])
 
 
 def run(quick: bool, base: str) -> dict[str, Any]:
@@ -131,11 +112,11 @@ def run(quick: bool, base: str) -> dict[str, Any]:
             p50s: dict[str, list[float]] = {k: [] for k in trees}
             for _ in range(rounds):
                 for name, tree in trees.items():
-                    cpu[name].append(intake_cpu(tree, n, per)["path_us_on"])
+                    cpu[name].append(measure(tree, CPU, n, per)["path_us_on"])
                 for name, tree in trees.items():
-                    rates[name].append(ingest(tree, n, per)["per_s"])
+                    rates[name].append(measure(tree, INGEST, n, per)["per_s"])
                 for name, tree in trees.items():
-                    p50s[name].append(https_p50(tree, 300 if quick else 1000))
+                    p50s[name].append(measure(tree, HTTPS, 300 if quick else 1000)["p50_ms"])
         finally:
             subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(base_tree)],
                            capture_output=True)
