@@ -120,16 +120,24 @@ def select_clients(summaries: Iterable[FleetSummary], now: float, policy: Select
                    rng: Sampler) -> Selection:
     """Pick the devices fit to train; ``now`` and summary timestamps share one clock.
 
-    A device reported by several fog brokers counts once, from the newest summary.
+    Reports are keyed by site and device: a device reported by several fog brokers of its site
+    counts once, from the newest summary, and one site's summary never overrides another's on a
+    device of the same id (a site could otherwise set aside, or put forward, any device by naming
+    it in a newer summary). An id that more than one site reports is judged per site under
+    ``SITE/ID``, so it matches no device the coordinator knows by its bare id: no site alone
+    decides for it, and like a device no fog reports on it is not excluded.
     """
-    newest: dict[str, tuple[float, DeviceSummary]] = {}
+    newest: dict[tuple[str, str], tuple[float, DeviceSummary]] = {}
     for s in summaries:
         for d in s.devices:
-            if d.device_id not in newest or s.timestamp > newest[d.device_id][0]:
-                newest[d.device_id] = (s.timestamp, d)
+            key = (s.site, d.device_id)
+            if key not in newest or s.timestamp > newest[key][0]:
+                newest[key] = (s.timestamp, d)
+    sites = Counter(dev for _, dev in newest)
     reasons: dict[str, str] = {}
     node_ids: dict[str, int] = {}
-    for dev, (ts, d) in sorted(newest.items()):
+    for (site, device), (ts, d) in sorted(newest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        dev = device if sites[device] == 1 else f"{site}/{device}"
         reasons[dev] = STALE if now - ts > policy.max_age_s else _verdict(d, policy)
         if d.flwr_node_id is not None:
             node_ids[dev] = d.flwr_node_id

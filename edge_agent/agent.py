@@ -82,10 +82,10 @@ __all__ = ["AgentConfig", "Agent", "Probe", "Phase", "KEY_FILE", "load_identity"
 log = logging.getLogger(__name__)
 
 # Per sending device: a request crosses each cut once, so an honest neighbour sends at most our
-# serving rate; well above any device's. Past it frames are dropped before any check; a sender
-# with 500 dropped or bad frames within 10 s is shut out for 60 s (the fog also sees it quarantined
-# when it floods the fog; here only its frames to us stop).
-ACTIVATION_SHARE = SharePolicy(limits={ACT: Budget(500.0, 1000.0)}, quarantine_drops=500, window_s=10.0,
+# serving rate; well above any device's. Past it frames are dropped before any check (throttled
+# only); a sender with 100 frames failing their checks (forged, replayed) within 10 s is shut out
+# for 60 s (the fog also sees it quarantined when it floods the fog; here only its frames to us stop).
+ACTIVATION_SHARE = SharePolicy(limits={ACT: Budget(500.0, 1000.0)}, quarantine_failures=100, window_s=10.0,
                                quarantine_s=60.0, max_identities=4096)
 
 KEY_FILE = "agent.key"

@@ -43,14 +43,22 @@ from .trust import deploy_ref_allowed, may_control
 if TYPE_CHECKING:
     from .shell import FogShell as FogService
 
-__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "json_default", "misaddressed", "refusal_id"]
+__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "RELEASE", "RELEASE_TOPIC", "ControlPlane", "json_default",
+           "misaddressed", "refusal_id"]
 
 MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
 # Per identity: a client polling status (`wait_running`: ~10/s), the site page and a deploy script
 # stay well within the control budget; an app's inference requests over MQTT within the infer one.
-# A flood of thousands a second is quarantined within a fraction of a second.
-CONTROL_SHARE = SharePolicy(limits={CTL: Budget(20.0, 100.0), INFER: Budget(1000.0, 2000.0)}, quarantine_drops=400,
-                            window_s=10.0, quarantine_s=60.0, max_identities=10_000)
+# Past a budget requests are dropped unchecked (throttled); an identity is quarantined only for
+# requests that fail their checks (signed by someone else, replayed copies, bad signatures): 100
+# within 10 s, which a flood of those reaches within a fraction of a second.
+# Releases (``cloud/RELEASE``, which only coordinators may write) come a few a day: one budget for
+# the topic, taken before a release is decoded, so a coordinator flooding it costs a lookup each.
+RELEASE = "RELEASE"
+RELEASE_TOPIC = "cloud/RELEASE"  # the id its budget is kept under (no issued identity has a '/')
+CONTROL_SHARE = SharePolicy(limits={CTL: Budget(20.0, 100.0), INFER: Budget(1000.0, 2000.0),
+                                    RELEASE: Budget(5.0, 20.0)},
+                            quarantine_failures=100, window_s=10.0, quarantine_s=60.0, max_identities=10_000)
 _STRANGER = "?"  # the one budget of every topic id the fog did not issue
 
 log = logging.getLogger("fog_broker.control")
@@ -114,7 +122,7 @@ class ControlPlane:
         (False: dropped and counted, no signature check.) ``sender`` is the topic's id."""
         if self.share is None:
             return True
-        who = sender if sender in self.keys else _STRANGER
+        who = sender if sender in self.keys or sender == RELEASE_TOPIC else _STRANGER
         verdict = self.share.admit(who, kind, now)
         if verdict in (OVER, QUARANTINED):
             self.counters[f"limited:{verdict}"] += 1

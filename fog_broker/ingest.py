@@ -10,11 +10,13 @@ nothing back (a flood of strangers costs a dictionary lookup each).
 
 Fair share: before a message is queued (so before any decode or signature
 check) its sender's budget for its kind is taken (``DEVICE_SHARE``); over it,
-the message is dropped and counted (``limited:KIND``), and a sender that keeps
-flooding is quarantined for a while (``limited:quarantined``; the reason in
-``fogline status``). Within budget, births, deaths, acks and the states a device
-needs to stay alive go in each shard's live lane, which is always drained
-before the bulk lane (a device's states beyond its liveness share).
+the message is dropped and counted (``limited:KIND``): a busy honest device is
+throttled, never quarantined. A sender whose frames keep failing their checks
+(bad signature, replayed, malformed, someone else's: ``FAILED``) is quarantined
+for a while (``limited:quarantined``; the reason in ``fogline status``).
+Within budget, births, deaths, acks and the states a device needs to stay
+alive go in each shard's live lane, which is always drained before the bulk lane
+(a device's states beyond its liveness share).
 
 A device's results (``reply/{fog}/{device}``, ``admit_result``) are charged to the
 same sender, under their own budget: a device replaying a result is throttled
@@ -44,8 +46,12 @@ from runtime.messages import (
 )
 from runtime.mqtt import Inbound
 from runtime.security import (
+    BAD_SIGNATURE,
+    MALFORMED,
     NO_SESSION,
     OUTSIDE_WINDOW,
+    OVERSIZED,
+    REPLAYED,
     SessionKeyPair,
     TrustStore,
     Verifier,
@@ -56,7 +62,7 @@ from ._verify_pool import looks_mac, open_session
 from .ratelimit import LIVE, OVER, QUARANTINED, Budget, FairShare, LogLimit, SharePolicy
 from .trust import bound_birth
 
-__all__ = ["DEVICE_SHARE", "RESULT", "STOP", "Ingest"]
+__all__ = ["DEVICE_SHARE", "FAILED", "RESULT", "STOP", "Ingest"]
 
 log = logging.getLogger("fog_broker.ingest")
 
@@ -68,12 +74,18 @@ RESULT = "RESULT"  # a hop's answer on reply/{fog}/{device} (the data plane)
 # Per device: an agent sends a state per interval (>= 0.5 s) or on a significant change, a birth
 # per connection or rebirth request, one death, an ack per command, a result per request it ends.
 # The budgets are several times that; the live share (4 states/s, bursts of 10) covers every
-# honest device.
+# honest device, and a device past a budget is only throttled. 100 failed checks within 10 s
+# (an honest device fails none, bar a few QoS 1 duplicates after a reconnect) quarantine it.
 DEVICE_SHARE = SharePolicy(
     limits={BIRTH: Budget(2.0, 10.0), DEATH: Budget(2.0, 10.0), STATE: Budget(20.0, 50.0),
             ACK: Budget(100.0, 500.0), RESULT: Budget(1000.0, 2000.0)},
     live={STATE: Budget(4.0, 10.0)},
-    quarantine_drops=500, window_s=10.0, quarantine_s=60.0)
+    quarantine_failures=100, window_s=10.0, quarantine_s=60.0)
+# Check failures that only a sender breaking the protocol produces: these count towards its
+# quarantine. Not a clock outside the window or a session the fog lost (an honest device after a
+# restart of either side: it is asked for a rebirth), nor a stale epoch (its frames still in flight).
+FAILED = frozenset({BAD_SIGNATURE, MALFORMED, OVERSIZED, REPLAYED, "topic mismatch", "wrong kind",
+                    "key mismatch"})
 _BULK_POLL_S = 0.05  # an idle shard looks at its bulk lane this often
 
 
@@ -146,6 +158,8 @@ class Ingest:
         self.max_advert_bytes = max_advert_bytes
         self.counters: Counter[str] = Counter()  # MQTT worker thread only
         self.share = FairShare(share) if share is not None else None  # None: no limits (benchmarks)
+        # (device, kind) of frames that failed a check on a shard thread: charged on the MQTT worker
+        self._failed: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._logs = LogLimit()  # MQTT worker: lines about dropped floods, per device
         self._shards = [_Shard(_Lanes(100_000),
                                Verifier(trust, sessions=True, max_size=max_advert_bytes))
@@ -185,6 +199,8 @@ class Ingest:
         if pt.name not in self.trust:
             self.counters["rejected:unknown sender"] += 1
             return
+        if not self._failed.empty():
+            self._charge_failed(m.received_at)
         lane = LIVE if self.share is None else self.share.admit(pt.name, pt.leaf, m.received_at)
         if lane in (OVER, QUARANTINED):
             self._limited(pt.name, pt.leaf, lane, m.received_at)
@@ -198,6 +214,8 @@ class Ingest:
         if device_id not in self.trust:
             self.counters["rejected:unknown sender"] += 1
             return False
+        if not self._failed.empty():
+            self._charge_failed(now)
         verdict = LIVE if self.share is None else self.share.admit(device_id, RESULT, now)
         if verdict in (OVER, QUARANTINED):
             self._limited(device_id, RESULT, verdict, now)
@@ -217,6 +235,20 @@ class Ingest:
             held = self._logs.suppressed(device_id)
             log.warning("%s: %s dropped unchecked: %s%s", device_id, kind, why,
                         f" ({held} more since the last line)" if held else "")
+
+    def _charge_failed(self, now: float) -> None:
+        """MQTT worker: charge the shards' failed checks to their senders (the one taker)."""
+        while not self._failed.empty():
+            device_id, kind = self._failed.get_nowait()
+            if self.share is not None and device_id in self.trust:
+                self.share.charge(device_id, kind, now)
+
+    def _fail(self, shard: _Shard, pt: Any, reason: str) -> None:
+        """A shard thread: one frame on ``pt.name``'s topic failed its check (counted; charged when
+        only a sender breaking the protocol fails it that way)."""
+        shard.counters[f"rejected:{reason}"] += 1
+        if reason in FAILED and self.share is not None:
+            self._failed.put((pt.name, pt.leaf))
 
     def _limited(self, device_id: str, kind: str, verdict: str, now: float) -> None:
         self.counters[f"limited:{kind}" if verdict == OVER else "limited:quarantined"] += 1
@@ -266,11 +298,11 @@ class Ingest:
                 raise DecodeError("a death must be a signed envelope")
             msg = shard.verifier.verify_only(env)
         except (DecodeError, SecurityError) as exc:
-            shard.counters[f"rejected:{getattr(exc, 'reason', 'malformed')}"] += 1
+            self._fail(shard, pt, getattr(exc, "reason", MALFORMED))
             log.debug("bad death on %s: %s", m.topic, exc)
             return
         if not isinstance(msg, DeviceDeath) or msg.device_id != pt.name or env.sender != pt.name:
-            shard.counters["rejected:topic mismatch"] += 1
+            self._fail(shard, pt, "topic mismatch")
             return
         shard.counters["in:DEATH"] += 1
         out.append(("advert", msg, m.received_at))
@@ -279,13 +311,13 @@ class Ingest:
         """Checks after a valid signature: topic, sender and kind agree; a birth carries the pinned key."""
         device_id = getattr(msg, "device_id", None)
         if sender != pt.name or device_id != pt.name:
-            shard.counters["rejected:topic mismatch"] += 1
+            self._fail(shard, pt, "topic mismatch")
             if shard.logs.allow(pt.name, m.received_at):
                 log.warning("%s: sender %r / device %r do not match the topic", m.topic, sender, device_id)
             return
         if pt.leaf == BIRTH and isinstance(msg, DeviceBirth):
             if msg.public_key != self.trust.key_bytes(pt.name):
-                shard.counters["rejected:key mismatch"] += 1
+                self._fail(shard, pt, "key mismatch")
                 if shard.logs.allow(pt.name, m.received_at):
                     log.warning("%s: birth announces a key other than the enrolled one; refused", pt.name)
                 return
@@ -296,7 +328,7 @@ class Ingest:
             out.append(("flags", pt.name, flags))  # every birth: a clean one clears earlier flags
         elif not ((pt.leaf == STATE and isinstance(msg, DeviceState))
                   or (pt.leaf == ACK and isinstance(msg, CommandAck))):
-            shard.counters["rejected:wrong kind"] += 1
+            self._fail(shard, pt, "wrong kind")
             return
         shard.counters[f"in:{pt.leaf}"] += 1
         out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
@@ -314,7 +346,7 @@ class Ingest:
                 log.warning("%s: %s refused, %s=%r out of range", pt.name, bad.owner, bad.field, bad.value)
             out.append(("bad_advert", pt.name, what, m.received_at))
             return
-        shard.counters[f"rejected:{reason}"] += 1
+        self._fail(shard, pt, reason)
         log.debug("rejected %s: %s", m.topic, detail)
         if (reason == NO_SESSION and pt.leaf != BIRTH) or reason == OUTSIDE_WINDOW:
             # an enrolled device we lost the session of, or whose clock is off (it corrects it from

@@ -68,7 +68,7 @@ from runtime.topics import ACK, BIRTH, CTL, DEATH, INFER, STATE, Topics
 
 from . import wires
 from .artifacts import ArtifactBuilder
-from .control import MAX_REQUEST_BYTES, ControlPlane, misaddressed
+from .control import MAX_REQUEST_BYTES, RELEASE, RELEASE_TOPIC, ControlPlane, misaddressed
 from .controller import ControllerConfig, DeployPartition, Persist, UndeployPartition
 from .ingest import DEVICE_SHARE, RESULT, Ingest
 from .placement.model import Quota
@@ -103,7 +103,7 @@ log = logging.getLogger("fog_broker.service")
 
 _STOP = object()
 _WAKE = ("wake",)  # a live item is waiting (the owner blocks on the inbox)
-_RELEASE = "RELEASE"
+_RELEASE = RELEASE
 _PING = "__fog_self_ping__"
 _LOCAL = "local:"  # reply_to of requests from this process (never an MQTT topic: no '/')
 MAX_CONTROL_BYTES = MAX_REQUEST_BYTES
@@ -440,6 +440,8 @@ class FogService:
         elif kind != _RELEASE:
             self.counters["rejected:bad topic"] += 1
             return
+        elif not self.control.admit(RELEASE_TOPIC, kind, m.received_at):
+            return  # the release topic's one budget (control.py): a flood is dropped before decode
         try:
             if kind == _RELEASE:
                 msg: Any = codec.decode(m.payload, max_size=MAX_CONTROL_BYTES, max_objects=4096, max_arrays=0)
@@ -449,6 +451,8 @@ class FogService:
         except DecodeError as exc:
             why = "unsigned" if str(exc).startswith("expected an envelope") else "malformed"
             self.counters[f"rejected:{why}"] += 1
+            if kind != _RELEASE:
+                self._charge(kind, sender, m.received_at)  # a failed check: counts towards a quarantine
             log.debug("%s payload on %s: %s", why, topic, exc)
             return
         if kind != _RELEASE and msg.sender != sender:

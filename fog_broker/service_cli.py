@@ -301,6 +301,9 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     site.write_info(mqtt=f"{adv}:{port}", enroll=f"{adv}:{enroll_port}")
     for d in [creds_dir]:
         (d / "fog.json").write_text(json.dumps(site.fog_json(), indent=1))
+    from runtime.broker import MosquittoBroker
+    if not args.insecure and isinstance(mosq, MosquittoBroker):
+        mosq.session_closer = site.session_closer  # revoking an identity closes its live session
     on_acl = getattr(mosq, "update_acl", None) if not args.insecure else None
     on_crl = getattr(mosq, "update_crl", None) if not args.insecure else None
     if not args.insecure and mosq is None:

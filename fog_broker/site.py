@@ -25,6 +25,7 @@ from typing import Any
 from runtime.credentials import FOG_JSON, IDENTITY_JSON, SIGNING_KEY
 from runtime.errors import LocalViolation
 from runtime.files import atomic_write
+from runtime.mqtt import TlsConfig
 from runtime.pki import SiteCA, TlsBundle, cert_identity
 from runtime.security import Identity
 
@@ -117,6 +118,11 @@ class Site:
             return TlsBundle.load(d)
         except LocalViolation:
             return self.ca.issue_bundle(d, self.fog_id, "fog")
+
+    def session_closer(self, name: str, target: Path) -> TlsConfig:
+        """TLS under ``name`` for the broker to close a revoked identity's live session with
+        (``MosquittoBroker.close_sessions``): a certificate of a few minutes, in ``target``."""
+        return self.ca.closer_bundle(target, name).tls(self.fog_id)
 
     def crl_pem(self) -> bytes:
         path = self.dir / "pki" / "crl.pem"

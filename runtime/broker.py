@@ -16,11 +16,13 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import children
 from .brokerproc import BrokerProcess, free_port, port_open, wait_port
@@ -28,6 +30,9 @@ from .errors import LocalViolation
 from .files import atomic_write
 from .ids import ID_GRAMMAR, ID_PATTERN, is_id
 from .topics import ROOT
+
+if TYPE_CHECKING:
+    from .mqtt import TlsConfig
 
 __all__ = ["BrokerConfig", "BrokerProcess", "MosquittoBroker", "acl_for", "check_acl", "find_mosquitto", "free_port",
            "port_open", "wait_port", "start_broker"]
@@ -60,6 +65,10 @@ class BrokerConfig:
     acl: str | None = None         # ACL text (``acl_for``); None: no ACL file
     max_message_bytes: int = 0     # mosquitto's message_size_limit; 0: none (insecure test brokers only)
     run_as: str = "mosquitto"      # the unprivileged user mosquitto drops to when started as root
+    # connections held at once, those still in their TLS handshake included: a flood of bare
+    # connects is refused past it instead of taking every descriptor the broker has (its
+    # connected devices go on being served). Above a site's devices and identities; -1: no cap.
+    max_connections: int = 4096
 
 
 _PERSIST = "mosquitto.db"  # mosquitto's persistence file in ``persistence_location``
@@ -106,6 +115,11 @@ class MosquittoBroker(BrokerProcess):
         self.log_path = self.data_dir / "mosquitto.log"
         self._conf_lines: list[str] = []
         self.refused: dict[str, int] = {"acl": 0, "crl": 0}  # updates refused by the checks (counted)
+        # name -> TLS for a short-lived certificate under that name (``SiteCA.closer_bundle``), in
+        # ``target``: set by the fog so that revoking an identity closes its live session at once
+        self.session_closer: Callable[[str, Path], TlsConfig] | None = None
+        self._gone: set[str] = set()  # identities the last ACLs dropped: their sessions are closed
+        self.closed_sessions = 0
 
     # ------------------------------------------------------------ files
 
@@ -177,6 +191,7 @@ class MosquittoBroker(BrokerProcess):
         lines = [
             "per_listener_settings false",
             f"listener {self.port} {self.host}",
+            f"max_connections {int(c.max_connections)}",
             f"max_keepalive {c.max_keepalive}",
             "max_queued_messages 10000",
             "max_inflight_messages 100",
@@ -245,7 +260,16 @@ class MosquittoBroker(BrokerProcess):
             check_acl(text)
         except LocalViolation as exc:
             return self._refuse("acl", str(exc))
-        return self._install("acl", "acl_file", text.encode())
+        try:
+            before = _acl_users((self.run_dir / "acl").read_text())
+        except OSError:
+            before = set()
+        if not self._install("acl", "acl_file", text.encode()):
+            return False
+        now = _acl_users(text)
+        self._gone = (self._gone | (before - now)) - now
+        self._close_gone()
+        return True
 
     def update_crl(self, pem: bytes) -> bool:
         """Replace the revocation list and reload: a revoked certificate cannot connect again (any thread).
@@ -257,7 +281,50 @@ class MosquittoBroker(BrokerProcess):
             x509.load_pem_x509_crl(pem)
         except ValueError as exc:
             return self._refuse("crl", f"not a PEM CRL ({exc})")
-        return self._install("crl", "crlfile", pem, name="crl.pem")
+        if not self._install("crl", "crlfile", pem, name="crl.pem"):
+            return False
+        self._close_gone()  # a revoked identity that reconnected before its certificate was listed
+        return True
+
+    def _close_gone(self) -> None:
+        if self._gone and self.session_closer is not None and self.alive():
+            threading.Thread(target=self.close_sessions, args=(sorted(self._gone),), daemon=True,
+                             name="mqtt-close-revoked").start()
+
+    def close_sessions(self, names: Iterable[str], timeout: float = 10.0) -> int:
+        """Close the live MQTT sessions of ``names`` (identities the ACL no longer lists: revoked).
+
+        mosquitto keeps a connected client's session when its rights or its certificate go; a
+        connection under the same name takes that session over (the client id is the certificate's
+        CN, so only the CA can make one), is told nothing (no rights), and leaves: the revoked
+        client is disconnected, and its certificate, in the CRL, cannot connect again. The
+        closing certificate lives a few minutes, in a temporary directory removed at once.
+        """
+        from .mqtt import MqttClient
+
+        closer = self.session_closer
+        if closer is None:
+            return 0
+        closed = 0
+        for name in names:
+            with tempfile.TemporaryDirectory(prefix="fogline-close-") as tmp:
+                try:
+                    c = MqttClient(name, self.host, self.port, tls=closer(name, Path(tmp)), max_queued=0)
+                except (LocalViolation, OSError, ValueError) as exc:
+                    log.warning("cannot close %s's MQTT session: %s", name, exc)
+                    continue
+                c.start()
+                try:
+                    if c.wait_connected(timeout):
+                        closed += 1
+                    else:
+                        log.warning("cannot close %s's MQTT session: %s", name, c.last_error)
+                finally:
+                    c.stop()
+        if closed:
+            self.closed_sessions += closed
+            log.info("closed the MQTT sessions of %d revoked identities", closed)
+        return closed
 
     def _refuse(self, what: str, why: str) -> bool:
         self.refused[what] += 1
@@ -451,6 +518,11 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
                 lines += [f"topic write {b}/cloud/RELEASE", f"topic read {b}/fog/SUMMARY"]
         lines.append("")
     return "\n".join(lines)
+
+
+def _acl_users(text: str) -> set[str]:
+    """The identities an ACL text names (``acl_for``: one ``user NAME`` line each)."""
+    return {line[len("user "):] for line in text.split("\n") if line.startswith("user ")}
 
 
 _ACL_LINE = re.compile(  # comment | blank | user ID | topic ACCESS FILTER (levels: ids, + ; # last)

@@ -174,7 +174,7 @@ class SiteCA:
     # ------------------------------------------------------------ issuing
 
     def _leaf(self, cn: str, role: str, public_key: ec.EllipticCurvePublicKey, *, server: bool = False,
-              hosts: Iterable[str] = (), ips: Iterable[str] = ()) -> x509.Certificate:
+              hosts: Iterable[str] = (), ips: Iterable[str] = (), valid_s: float = 0.0) -> x509.Certificate:
         _check_cn(cn)
         now = _now()
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
@@ -184,7 +184,8 @@ class SiteCA:
              .subject_name(x509.Name(attrs)).issuer_name(self.cert.subject).public_key(public_key)
              .serial_number(x509.random_serial_number())
              .not_valid_before(now - datetime.timedelta(minutes=5))
-             .not_valid_after(now + datetime.timedelta(days=_LEAF_DAYS))
+             .not_valid_after(now + (datetime.timedelta(seconds=valid_s) if valid_s
+                                     else datetime.timedelta(days=_LEAF_DAYS)))
              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
              .add_extension(x509.KeyUsage(
                  digital_signature=True, content_commitment=False, key_encipherment=False,
@@ -201,7 +202,7 @@ class SiteCA:
         if sans:
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = b.sign(self._key, hashes.SHA256())
-        if not server:
+        if not server and not valid_s:  # a closer (``closer_bundle``) is used once and expires
             self._record(cert.serial_number, cn, role)
         return cert
 
@@ -217,6 +218,18 @@ class SiteCA:
         d.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         cert = self._leaf(cn, role, key.public_key())
+        write_private(d / "key.pem", _key_pem(key))
+        _write_public(d / "cert.pem", _pem(cert))
+        _write_public(d / "ca.pem", self.ca_pem)
+        return TlsBundle(d)
+
+    def closer_bundle(self, target: str | Path, cn: str, valid_s: float = 300.0) -> TlsBundle:
+        """A certificate under ``cn`` that lives ``valid_s`` seconds (not recorded as issued): the broker
+        uses it once to take over and close a revoked identity's live session (``close_sessions``)."""
+        d = Path(target)
+        d.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = self._leaf(cn, "closer", key.public_key(), valid_s=valid_s)
         write_private(d / "key.pem", _key_pem(key))
         _write_public(d / "cert.pem", _pem(cert))
         _write_public(d / "ca.pem", self.ca_pem)

@@ -2,11 +2,12 @@
 
 ``RateLimit`` bounds one stream (rebirths, refusals, enrolment requests). ``FairShare`` gives
 every sender its own budget per message kind, keyed by the id the sender's topic carries (the
-broker's ACL lets only that identity write it), so one sender that floods (a device replaying
-its adverts or results, an app hammering ``fog/CTL``, a device replaying activations at
-another) is dropped and, if it keeps on, quarantined, while the others are served as before
-(docs/security.md, Flooding). The fog and the agent both use it; ``LogLimit`` keeps a flood
-from becoming a flood of log lines.
+broker's ACL lets only that identity write it): traffic past the budget is dropped and counted
+(throttled), never held against the sender, so an honest device or app that is merely busy is
+slowed, not shut out. Only inputs that fail their checks (a bad signature, a replayed copy, a
+malformed frame, a payload signed by someone other than its topic's id: ``charge``) count
+towards a quarantine, which no honest sender ever earns (docs/security.md, Flooding). The fog
+and the agent both use it; ``LogLimit`` keeps a flood from becoming a flood of log lines.
 """
 from __future__ import annotations
 
@@ -63,14 +64,20 @@ class Budget:
 class SharePolicy:
     """Budgets per message kind, and when a sender that keeps flooding is quarantined.
 
-    ``limits``: kind -> the most a sender may send (over it: dropped); a kind not listed is not
-    limited. ``live``: kind -> the share that keeps a sender alive (within it: ahead of the rest).
-    A sender with ``quarantine_drops`` drops within ``window_s`` is shut out for ``quarantine_s``.
+    ``limits``: kind -> the most a sender may send (over it: dropped, counted, nothing more); a kind
+    not listed is not limited. ``live``: kind -> the share that keeps a sender alive (within it:
+    ahead of the rest). A sender with ``quarantine_failures`` failed checks (``charge``) within
+    ``window_s`` is shut out for ``quarantine_s``: a quarantine withholds its writes (liveness
+    too), so it must follow only from what an honest sender never sends, never from its rate
+    alone. Once a sender has ``suspect_failures`` failed checks in the window, its traffic over
+    budget counts as failures too: only a few of a fast flood are checked at all, and an honest
+    sender (a few QoS 1 duplicates after a reconnect at most) never gets there.
     """
 
     limits: Mapping[str, Budget]
     live: Mapping[str, Budget] = field(default_factory=dict)
-    quarantine_drops: int = 500
+    quarantine_failures: int = 50
+    suspect_failures: int = 10
     window_s: float = 10.0
     quarantine_s: float = 60.0
     max_identities: int = 100_000
@@ -79,10 +86,11 @@ class SharePolicy:
 @dataclass(slots=True)
 class _Sender:
     buckets: dict[str, list[float]]  # kind -> [tokens, live tokens, last refill]: both refill together
-    dropped: int = 0            # over budget, this run
+    dropped: int = 0            # over budget (throttled), this run
+    failed: int = 0             # failed checks (``charge``), this run
     shut_out: int = 0           # dropped while quarantined, this run
     window_at: float = -math.inf
-    window_drops: int = 0
+    window_fails: int = 0
     until: float = -math.inf    # quarantined until (monotonic)
     reason: str = ""
 
@@ -127,7 +135,11 @@ class FairShare:
         b[1] = live if live < r[3] else r[3]
         if tokens < 1.0:
             b[0] = tokens
-            self._drop(identity, s, kind, now)
+            s.dropped += 1  # throttled only: a busy honest sender lands here too...
+            if s.window_fails >= self.policy.suspect_failures:
+                # ...unless its checked frames keep failing: then its excess is more of the same
+                # (unchecked, so most of a fast flood), and counts towards its quarantine
+                self._fail(identity, s, kind, now)
             return OVER
         b[0] = (tokens if tokens < r[1] else r[1]) - 1.0
         if b[1] < 1.0:
@@ -136,24 +148,26 @@ class FairShare:
         return LIVE
 
     def charge(self, identity: str, kind: str, now: float) -> bool:
-        """Count one bad message of ``kind`` (a payload signed by someone other than its topic's id,
-        a frame that failed its check) against ``identity`` as a drop; True if it is now quarantined."""
+        """Count one message of ``kind`` that failed its check (a bad signature, a replayed copy, a
+        malformed frame, a payload signed by someone other than its topic's id) against ``identity``;
+        True if it is now quarantined. Never call it for what an honest sender may send (a clock
+        outside the window, a session the fog lost): those ask for a rebirth instead."""
         s = self._senders.get(identity)
         if s is None:
             s = self._add(identity)
-        self._drop(identity, s, kind, now)
+        s.failed += 1
+        self._fail(identity, s, kind, now)
         return s.until > now
 
-    def _drop(self, identity: str, s: _Sender, kind: str, now: float) -> None:
+    def _fail(self, identity: str, s: _Sender, kind: str, now: float) -> None:
         p = self.policy
-        s.dropped += 1
         if now - s.window_at >= p.window_s:
-            s.window_at, s.window_drops = now, 0
-        s.window_drops += 1
-        if s.window_drops >= p.quarantine_drops:
+            s.window_at, s.window_fails = now, 0
+        s.window_fails += 1
+        if s.window_fails >= p.quarantine_failures and s.until <= now:
             s.until = now + p.quarantine_s
-            s.reason = f"flooding: {s.window_drops} {kind} over budget within {p.window_s:g} s"
-            s.window_at, s.window_drops = -math.inf, 0
+            s.reason = f"flooding: {s.window_fails} {kind} failed checks within {p.window_s:g} s"
+            s.window_at, s.window_fails = -math.inf, 0
             self._shut[identity] = s.until
             self.quarantines += 1
 
@@ -192,7 +206,8 @@ class FairShare:
         return s.reason if s is not None else ""
 
     def view(self, now: float, top: int = 20) -> dict[str, Any]:
-        """For ``fogline status``: who is quarantined and why, and the ``top`` senders by drops."""
+        """For ``fogline status``: who is quarantined and why, the ``top`` senders by drops (throttled
+        or shut out) and by failed checks."""
         for _ in range(5):
             try:
                 rows = list(self._senders.items())
@@ -202,12 +217,13 @@ class FairShare:
         else:
             rows = []
         shut = {name: {"reason": s.reason, "remaining_s": round(s.until - now, 1),
-                       "dropped": s.dropped + s.shut_out}
+                       "dropped": s.dropped + s.shut_out, "failed": s.failed}
                 for name, s in rows if s.until > now}
         noisy = sorted(((s.dropped + s.shut_out, name) for name, s in rows if s.dropped or s.shut_out),
                        reverse=True)[:top]
+        bad = sorted(((s.failed, name) for name, s in rows if s.failed), reverse=True)[:top]
         return {"quarantined": dict(sorted(shut.items())), "dropped": {name: n for n, name in noisy},
-                "quarantines": self.quarantines}
+                "failed": {name: n for n, name in bad}, "quarantines": self.quarantines}
 
 
 class LogLimit:

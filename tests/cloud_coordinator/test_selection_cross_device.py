@@ -232,3 +232,21 @@ def test_the_coordinators_console_report_names_each_devices_reason(capsys: pytes
     _print_report(doc, Path("r"), SimpleNamespace(release_name="m", checkpoint_dirs=("w",), work_dir="w"))
     assert ("    selection (cross-device): a: metered link; b: selected; c: on battery, not charging"
             in capsys.readouterr().out.splitlines())
+
+
+def test_one_sites_summary_never_overrides_anothers_device() -> None:
+    """Issue 29: summaries were merged by bare device id, newest first, so a site naming another
+    site's device in a newer summary decided for it (here: set it aside as metered)."""
+    honest = FleetSummary("fog-a", "site-a", 100.0, (DeviceSummary("d", True), DeviceSummary("e", True)))
+    liar = FleetSummary("fog-x", "site-x", 101.0, (DeviceSummary("d", True, metered=True),
+                                                  DeviceSummary("e", True, metered=True)))
+    sel = select_clients([honest, liar], 101.0, SelectionPolicy(), random.Random(0))
+    # judged per site; no verdict under the bare ids the coordinator knows its nodes by
+    assert sel.reasons == {"site-a/d": SELECTED, "site-x/d": METERED, "site-a/e": SELECTED, "site-x/e": METERED}
+    assert "d" not in sel.reasons and "e" not in sel.reasons
+
+
+def test_a_sites_own_fogs_report_newest_first() -> None:
+    old = FleetSummary("fog-a", "site-a", 100.0, (DeviceSummary("d", True, metered=True),))
+    new = FleetSummary("fog-b", "site-a", 101.0, (DeviceSummary("d", True),))
+    assert select_clients([new, old], 101.0, SelectionPolicy(), random.Random(0)).reasons == {"d": SELECTED}

@@ -1,4 +1,9 @@
-"""The fair-share core: budgets per (identity, kind), the liveness lane, the quarantine rule."""
+"""The fair-share core: budgets per (identity, kind), the liveness lane, the quarantine rule.
+
+The rule (issue 29): traffic past a budget is throttled and counted, never quarantined (a
+quarantine withholds a sender's writes, its liveness too, so a busy honest device would be
+declared lost); only failed checks (``charge``) quarantine.
+"""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +11,7 @@ import pytest
 from fog_broker.ratelimit import BULK, LIVE, OVER, QUARANTINED, Budget, FairShare, SharePolicy
 
 POLICY = SharePolicy(limits={"STATE": Budget(10.0, 5.0), "BIRTH": Budget(1.0, 2.0)},
-                     live={"STATE": Budget(1.0, 2.0)}, quarantine_drops=20, window_s=10.0, quarantine_s=60.0)
+                     live={"STATE": Budget(1.0, 2.0)}, quarantine_failures=20, window_s=10.0, quarantine_s=60.0)
 
 
 def run(share: FairShare, sends: list[tuple[str, str, float]]) -> list[str]:
@@ -33,41 +38,64 @@ def test_budgets(name: str, sends: list[tuple[str, str, float]], want: list[str]
     assert run(FairShare(POLICY), sends) == want, name
 
 
-def test_a_flooder_is_quarantined_the_others_are_not() -> None:
+def test_a_fast_honest_sender_is_throttled_never_quarantined() -> None:
+    """Before: 20 drops within 10 s quarantined a sender, however valid its messages."""
     share = FairShare(POLICY)
-    for i in range(1000):
-        share.admit("evil", "STATE", i * 0.001)
-        if i % 500 == 0:
+    for i in range(100_000):  # 10,000 a second for 10 s, against a budget of 10 a second
+        share.admit("busy", "STATE", i * 1e-4)
+    assert not share.quarantined("busy", 10.0) and share.shut_out(10.0) == frozenset()
+    assert share.admit("busy", "STATE", 11.0) in (LIVE, BULK)  # its budget refilled: served again
+    v = share.view(11.0)
+    assert v["quarantined"] == {} and v["quarantines"] == 0 and v["dropped"]["busy"] > 99_000
+
+
+def test_a_flooder_failing_checks_is_quarantined_the_others_are_not() -> None:
+    share = FairShare(POLICY)
+    for i in range(3000):  # only what is within budget gets checked (and fails)
+        if share.admit("evil", "STATE", i * 0.001) in (LIVE, BULK):
+            share.charge("evil", "STATE", i * 0.001)  # e.g. a bad signature
+        if i % 1000 == 0:  # one a second: within the live share
             assert share.admit("good", "STATE", i * 0.001) == LIVE
-    assert share.quarantined("evil", 1.0) and not share.quarantined("good", 1.0)
+    assert share.quarantined("evil", 3.0) and not share.quarantined("good", 3.0)
     # while quarantined even an in-budget kind is refused; the others are untouched
     assert share.admit("evil", "BIRTH", 30.0) == QUARANTINED
     assert share.admit("good", "BIRTH", 30.0) == LIVE
     v = share.view(30.0)
     assert list(v["quarantined"]) == ["evil"] and v["quarantines"] == 1
     q = v["quarantined"]["evil"]
-    assert q["reason"].startswith("flooding: 20 STATE over budget") and 0 < q["remaining_s"] <= 60
-    assert v["dropped"]["evil"] == 1000 - 5 + 1 and "good" not in v["dropped"]
+    assert q["reason"].startswith("flooding: 20 STATE failed checks") and 0 < q["remaining_s"] <= 60
+    assert v["failed"]["evil"] >= 10 and "good" not in v["dropped"] and "good" not in v["failed"]
+
+
+def test_excess_counts_only_once_a_sender_keeps_failing_checks() -> None:
+    """A fast flood is mostly unchecked (over budget): after ``suspect_failures`` failed checks its
+    excess counts too; a sender with fewer (a few QoS 1 duplicates) is only throttled."""
+    p = SharePolicy(limits={"STATE": Budget(10.0, 5.0)}, quarantine_failures=50, suspect_failures=10)
+    few, many = FairShare(p), FairShare(p)
+    for share, fails in ((few, 9), (many, 10)):
+        for _ in range(fails):
+            share.charge("d", "STATE", 0.0)
+        for i in range(1000):
+            share.admit("d", "STATE", 0.001 * i)
+    assert not few.quarantined("d", 1.0) and few.view(1.0)["dropped"]["d"] > 900
+    assert many.quarantined("d", 1.0)
 
 
 def test_quarantine_ends_and_a_fresh_budget_serves_again() -> None:
     share = FairShare(POLICY)
     for _ in range(30):
-        share.admit("evil", "STATE", 0.0)
+        share.charge("evil", "STATE", 0.0)
     assert share.admit("evil", "STATE", 59.9) == QUARANTINED
     assert share.admit("evil", "STATE", 60.5) == LIVE
     assert share.view(60.5)["quarantined"] == {}
 
 
-def test_slow_drops_never_quarantine() -> None:
-    """Drops spread thinner than the rule (under 20 in any 10 s) are dropped, not quarantined."""
+def test_slow_failures_never_quarantine() -> None:
+    """Failures spread thinner than the rule (under 20 in any 10 s) are counted, not quarantined."""
     share = FairShare(POLICY)
-    t = 0.0
-    for _ in range(200):
-        for _ in range(2):  # 1/s refills: one drop a second
-            share.admit("a", "BIRTH", t)
-        t += 1.0
-    assert not share.quarantined("a", t) and share.view(t)["dropped"]["a"] > 100
+    for t in range(200):
+        share.charge("a", "BIRTH", float(t))  # one a second
+    assert not share.quarantined("a", 200.0) and share.view(200.0)["failed"]["a"] == 200
 
 
 def test_memory_is_bounded_and_forget_resets() -> None:
@@ -87,13 +115,13 @@ def test_bad_budgets_are_refused(rate: float, burst: float) -> None:
         Budget(rate, burst)
 
 
-def test_a_charge_counts_as_a_drop_and_quarantines() -> None:
+def test_a_charge_counts_as_a_failure_and_quarantines() -> None:
     """A payload signed by someone other than its topic's id is charged to the topic's id."""
-    share = FairShare(SharePolicy(limits={"CTL": Budget(10.0, 10.0)}, quarantine_drops=3, window_s=10.0,
+    share = FairShare(SharePolicy(limits={"CTL": Budget(10.0, 10.0)}, quarantine_failures=3, window_s=10.0,
                                   quarantine_s=60.0))
     assert [share.charge("evil", "CTL", 0.0) for _ in range(3)] == [False, False, True]
     assert share.admit("evil", "CTL", 1.0) == QUARANTINED and share.admit("admin", "CTL", 1.0) == LIVE
-    assert share.shut_out(1.0) == {"evil"} and share.reason("evil").startswith("flooding: 3 CTL")
+    assert share.shut_out(1.0) == {"evil"} and share.reason("evil").startswith("flooding: 3 CTL failed checks")
 
 
 def test_log_lines_are_limited_per_key() -> None:
@@ -111,6 +139,8 @@ def test_limits_are_exported_as_metrics() -> None:
     share = FairShare(POLICY)
     for _ in range(30):
         share.admit("evil", "STATE", 0.0)
+    for _ in range(20):
+        share.charge("evil", "STATE", 0.0)
     snap = {
         "status": {"fog_id": "f", "site": "s", "epoch": 1, "metrics": {}, "workloads": [],
                    "counters": {"control.limited:over budget": 3},
@@ -146,7 +176,7 @@ def test_a_quarantined_sender_keeps_its_reads_and_loses_its_writes_in_the_acl() 
         assert rights(out, user)  # reads stay: it is told nothing, and sees the fog's STATE
     share = FairShare(POLICY)
     for _ in range(30):
-        share.admit("evil", "STATE", 0.0)
+        share.charge("evil", "STATE", 0.0)
     assert share.shut_out(1.0) == {"evil"} and share.shut_out(61.0) == frozenset()
     assert share.reason("evil").startswith("flooding: ") and share.reason("nobody") == ""
 

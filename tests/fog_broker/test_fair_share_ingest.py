@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from fog_broker.ingest import Ingest, _Lanes
 from fog_broker.ratelimit import Budget, SharePolicy
 from runtime.mqtt import Inbound
 from runtime.security import Identity, SessionKeyPair, TrustStore
-from runtime.topics import Topics
+from runtime.topics import Topics, parse
 
 T = Topics("s")
 
@@ -43,7 +44,7 @@ def _ingest(policy: SharePolicy | None) -> Ingest:
     return Ingest(trust, SessionKeyPair(), lambda item: None, shards=1, share=policy)
 
 
-POLICY = SharePolicy(limits={"STATE": Budget(1.0, 5.0)}, live={"STATE": Budget(1.0, 2.0)}, quarantine_drops=10)
+POLICY = SharePolicy(limits={"STATE": Budget(1.0, 5.0)}, live={"STATE": Budget(1.0, 2.0)}, quarantine_failures=10)
 
 
 def test_a_flooder_is_dropped_and_counted_before_the_verify_queue() -> None:
@@ -53,17 +54,45 @@ def test_a_flooder_is_dropped_and_counted_before_the_verify_queue() -> None:
     ing.on_device(Inbound(T.device("dev-a", "STATE"), b"junk", 100.2))
     ing.on_device(Inbound(T.device("stranger", "STATE"), b"junk", 100.2))
     c = ing.counts()
-    assert c["limited:STATE"] == 10 and c["limited:quarantined"] == 85 and c["rejected:unknown sender"] == 1
+    # over its budget: throttled, not quarantined (nothing failed a check yet)
+    assert c["limited:STATE"] == 95 and c["limited:quarantined"] == 0 and c["rejected:unknown sender"] == 1
     queued = ing._shards[0].lanes.take(1000)
     # evil's first 2 in its live share, 3 more as bulk; dev-a's one state is live, so ahead of evil's bulk
     assert [(pt.name, m.received_at) for m, pt in queued][:3] == [("evil", 100.0), ("evil", 100.001),
                                                                   ("dev-a", 100.2)]
     assert len(queued) == 6
     lim = ing.limits(101.0)
-    assert list(lim["quarantined"]) == ["evil"] and lim["dropped"] == {"evil": 95}
-    assert ing.shut_out(101.0) == {"evil"} and ing.shut_out(200.0) == frozenset()
+    assert lim["quarantined"] == {} and lim["dropped"] == {"evil": 95}
+
+
+def test_frames_failing_their_checks_quarantine_their_sender_only() -> None:
+    """Junk (malformed, bad signatures) checked on a shard thread is charged to its topic's device."""
+    ing = _ingest(POLICY)
+    out: list[Any] = []
+    shard = ing._shards[0]
+    for k in range(12):
+        m = Inbound(T.device("evil", "STATE"), b"junk%d" % k, 100.0 + k)
+        ing._local(shard, m, parse(m.topic), out)
+    ing.on_device(Inbound(T.device("dev-a", "STATE"), b"x", 112.0))  # the MQTT worker charges them
+    assert ing.shut_out(112.0) == {"evil"}
+    assert ing.limits(112.0)["quarantined"]["evil"]["reason"].startswith("flooding: 10 STATE failed checks")
+    ing.on_device(Inbound(T.device("evil", "STATE"), b"junk", 112.0))
+    assert ing.counts()["limited:quarantined"] == 1
     ing.forget("evil")
-    assert ing.limits(101.0)["quarantined"] == {}
+    assert ing.limits(113.0)["quarantined"] == {}
+
+
+def test_honest_failures_never_count_towards_a_quarantine() -> None:
+    """A clock outside the window or a lost session (either side restarted) asks for a rebirth."""
+    from runtime.security import NO_SESSION, OUTSIDE_WINDOW
+    ing = _ingest(POLICY)
+    shard = ing._shards[0]
+    m = Inbound(T.device("dev-a", "STATE"), b"x", 1.0)
+    for _ in range(50):
+        for reason in (OUTSIDE_WINDOW, NO_SESSION):
+            ing._rejected(shard, m, parse(m.topic), reason, "", [])
+    ing.on_device(Inbound(T.device("dev-a", "STATE"), b"x", 2.0))
+    assert ing.shut_out(2.0) == frozenset() and ing.limits(2.0).get("failed") == {}
 
 
 def test_limits_off_queues_everything() -> None:
