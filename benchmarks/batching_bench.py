@@ -54,9 +54,12 @@ class _Sink:
 
     def publish(self, topic: str, payload: bytes) -> None:
         from runtime import codec
+        from runtime.messages import Envelope, InferenceResult
 
         env = codec.decode(payload)
-        res = codec.decode(env.payload)  # type: ignore[union-attr]
+        res = codec.decode(env.payload) if isinstance(env, Envelope) else None
+        if not isinstance(res, InferenceResult):
+            raise RuntimeError(f"unexpected publish on {topic}")
         with self.cond:
             self.at[res.request_id] = time.perf_counter()
             self.cond.notify_all()
