@@ -72,6 +72,13 @@ def register(subparsers: Any) -> None:
                    help="onnxruntime intra-op threads per session (default: all cores; 1 when simulating)")
     p.add_argument("--workers", type=int, default=1, help="executor worker threads")
     p.add_argument("--queue-size", type=int, default=64, help="bounded activation queue; full -> error reply")
+    p.add_argument("--max-batch", type=int, default=1, metavar="N",
+                   help="dynamic batching: run up to N queued frames of a partition with a batch axis as one "
+                        "batch (default 1: off; on these CPUs it gains ~nothing, see README)")
+    p.add_argument("--max-batch-wait-ms", type=float, default=2.0, metavar="MS",
+                   help="dynamic batching: wait at most this long for more frames (never past a deadline)")
+    p.add_argument("--sim-batch-slope", type=float, default=1.0, metavar="S",
+                   help="simulated compute: a batch of n costs one frame's time x (1 + S (n - 1)); 1: no gain")
     p.add_argument("--cache-mb", type=int, default=256, help="artifact cache size (MiB, LRU)")
     p.add_argument("--max-command-bytes", type=int, default=16 * 1024 * 1024,
                    help="larger command envelopes are rejected as oversized")
@@ -300,6 +307,12 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
     from .agent import AgentConfig
 
     threads = args.threads if args.threads is not None else (1 if profile is not None else 0)
+    if args.max_batch < 1:
+        raise _Refused(f"--max-batch must be >= 1, not {args.max_batch}")
+    if not 0.0 <= args.max_batch_wait_ms <= 1000.0:
+        raise _Refused(f"--max-batch-wait-ms must be in [0, 1000], not {args.max_batch_wait_ms}")
+    if not 0.0 <= args.sim_batch_slope <= 1.5:
+        raise _Refused(f"--sim-batch-slope must be in [0, 1.5], not {args.sim_batch_slope}")
     for i, d in zip(ids, dirs):
         tls = None
         key = fog_key
@@ -322,7 +335,8 @@ def _configs(args: argparse.Namespace) -> tuple[list[Any], Any]:
             keepalive=args.keepalive, fog_key=key, tls=tls, intra_op_threads=threads, workers=args.workers,
             queue_size=args.queue_size, cache_bytes=args.cache_mb * 1024 * 1024,
             max_command_bytes=args.max_command_bytes, slowdown=args.sim_slowdown,
-            model_compute=bool(args.sim_compute and profile is not None)))
+            model_compute=bool(args.sim_compute and profile is not None), max_batch=args.max_batch,
+            max_batch_wait_s=args.max_batch_wait_ms / 1000.0, sim_batch_slope=args.sim_batch_slope))
     return cfgs, profile
 
 

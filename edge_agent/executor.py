@@ -10,6 +10,7 @@ imported on the first load, so an idle agent never pays for it.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -27,6 +28,7 @@ from runtime.messages import Activation, InferenceResult, PartitionStatus
 from runtime.relay import Sealer
 from runtime.topics import Topics, parse
 
+from . import batching
 from .probes.providers import best as best_providers
 from .stats import LatencyWindow
 
@@ -38,6 +40,35 @@ PartitionKey = tuple[str, int, int, int]  # workload, version, replica, index
 Publish = Callable[[str, bytes], None]
 
 _STOP = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    """A frame as it came off the wire, opened and checked on a worker (``Executor.opener``)."""
+    raw: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """An activation checked and decoded, with its partition and the feeds it runs with."""
+    act: Activation
+    part: _Partition
+    feeds: dict[str, Any]
+
+
+def _rows(feeds: dict[str, Any], names: tuple[str, ...]) -> int:
+    first = feeds[names[0]] if names else None
+    return int(first.shape[0]) if first is not None and getattr(first, "ndim", 0) > 0 else 1
+
+
+def _split(outs: list[Any], rows: list[int]) -> list[list[Any]] | None:
+    """Each frame's slices of a batch's outputs (in order); None when an output lacks the batch axis."""
+    total = sum(rows)
+    if any(o.ndim == 0 or o.shape[0] != total for o in outs):
+        return None
+    bounds = np.cumsum(rows)[:-1]
+    per = [np.split(o, bounds) for o in outs]
+    return [[p[i] for p in per] for i in range(len(rows))]
 
 
 class LoadError(Exception):
@@ -64,6 +95,8 @@ class _Partition:
     sim_artifact: bytes = b""
     # inputs with open sizes beyond the batch: made-up inputs say nothing, the first request times it
     calib_on_first: bool = False
+    batchable: bool = False  # every input has an open leading (batch) dimension
+    cost: batching.BatchCost = field(default_factory=batching.BatchCost)
 
 
 # onnxruntime's input type strings -> numpy dtypes the calibration feeds with
@@ -114,7 +147,8 @@ def _ort() -> Any:
 class Executor:
     def __init__(self, device_id: str, topics: Topics, publish: Publish, sealer: Sealer, *,
                  intra_op_threads: int = 0, workers: int = 1, queue_size: int = 64, slowdown: float = 1.0,
-                 device_flops: float | None = None) -> None:
+                 device_flops: float | None = None, batch: batching.BatchPolicy | None = None,
+                 sim_batch_slope: float = 1.0) -> None:
         self.device_id = device_id
         self.topics = topics
         self._publish = publish
@@ -124,6 +158,11 @@ class Executor:
         self.workers = max(1, workers)
         self.slowdown = slowdown
         self.device_flops = device_flops  # set: simulated device, runs take at least flops/device_flops
+        self.batch = batch or batching.BatchPolicy()
+        # simulated device class: a batch of n samples takes one's time x (1 + slope (n - 1))
+        self.sim_batch_slope = sim_batch_slope
+        self.batches = 0         # batches of more than one frame run
+        self.batched_frames = 0  # frames in them
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
         self._parts: dict[PartitionKey, _Partition] = {}
         self._lock = threading.Lock()
@@ -136,6 +175,9 @@ class Executor:
         self.answered = 0
         self.undeliverable = 0
         self.providers: tuple[str, ...] = ()
+        # Opens and checks a frame handed over by ``submit_sealed`` (signatures, replay): None drops it
+        # (the opener counted why). Set by the agent; workers run it, not the network thread.
+        self.opener: Callable[[Any], Activation | None] | None = None
         # The board's meter (LiveProbe.measure_energy) and the modelled draw where it has none.
         self.measure_energy: Callable[[Callable[[int], None], int], Any] | None = None
         self.power_active_w = 0.0
@@ -166,6 +208,8 @@ class Executor:
                           tuple(o.name for o in session.get_outputs()), flops=flops)
         if self.device_flops and not flops:
             part.sim_artifact = artifact
+        part.batchable = bool(part.inputs) and all(
+            len(i.shape) > 0 and not (isinstance(i.shape[0], int) and i.shape[0] > 0) for i in session.get_inputs())
         part.calib_on_first = any(not isinstance(d, int) or d <= 0
                                   for i in session.get_inputs() for d in list(i.shape)[1:])
         part.calib_s = 0.0 if part.calib_on_first else self._calibrate(session, flops)
@@ -233,7 +277,8 @@ class Executor:
             parts = sorted(self._parts.values(), key=lambda p: p.key)
         return tuple(PartitionStatus(p.key[0], p.key[1], p.key[2], p.key[3], p.sha256, p.health,
                                      p.latency.p(50), p.latency.p(99), p.served, p.errors,
-                                     round(p.calib_s, 6), round(p.joules, 9), p.energy_measured)
+                                     round(p.calib_s, 6), round(p.joules, 9), p.energy_measured,
+                                     self.batch.max_batch if p.batchable else 1, round(p.cost.slope, 4))
                      for p in parts)
 
     # ------------------------------------------------------------ data plane (any thread)
@@ -245,6 +290,23 @@ class Executor:
         except queue.Full:
             self.rejected_overload += 1
             self._fail(act, "overloaded: queue full")
+
+    def submit_sealed(self, raw: Any) -> None:
+        """Queue a frame still to be opened by ``opener`` on a worker (the agent's network thread
+        calls this: no signature check there). A full queue opens it here to answer the error."""
+        try:
+            self._queue.put_nowait(_Sealed(raw))
+        except queue.Full:
+            self.rejected_overload += 1
+            act = self._open(raw)
+            if act is not None:
+                self._fail(act, "overloaded: queue full")
+
+    def _open(self, raw: Any) -> Activation | None:
+        if self.opener is None:
+            log.error("%s: a sealed frame but no opener", self.device_id)
+            return None
+        return self.opener(raw)
 
     def _ensure_workers(self) -> None:
         while len(self._threads) < self.workers:
@@ -261,31 +323,55 @@ class Executor:
         self._threads.clear()
 
     def _run(self) -> None:
+        deferred: collections.deque[Any] = collections.deque()  # taken while batching, not batched
         while True:
-            item = self._queue.get()
+            item = deferred.popleft() if deferred else self._queue.get()
             if item is _STOP:
                 return
+            act = self._take(item)
+            if act is None:
+                continue
             try:
-                self._process(item)
+                ready = self._prepare(act)
+                if ready is not None:
+                    group = self._gather(ready, deferred) if self.batch.enabled else [ready]
+                    self._compute(group)
             except Exception as exc:
-                log.exception("%s: activation %s failed", self.device_id, getattr(item, "request_id", "?"))
-                self._fail(item, f"internal error: {type(exc).__name__}")
+                log.exception("%s: activation %s failed", self.device_id, act.request_id)
+                self._fail(act, f"internal error: {type(exc).__name__}")
+
+    def _take(self, item: Any) -> Activation | None:
+        """A queue item as an activation: a sealed frame is opened (and checked) here."""
+        if not isinstance(item, _Sealed):
+            return item  # type: ignore[no-any-return]
+        try:
+            return self._open(item.raw)
+        except Exception:
+            log.exception("%s: opening a frame failed", self.device_id)
+            return None
 
     def _process(self, act: Activation) -> None:
+        """Run one activation alone (no batching)."""
+        ready = self._prepare(act)
+        if ready is not None:
+            self._compute([ready])
+
+    def _prepare(self, act: Activation) -> _Ready | None:
+        """Checks before compute; a failure is answered here (None)."""
         hop = act.route[act.hop]
         if hop.device_id != self.device_id:
             self._fail(act, f"misrouted: hop {act.hop} is for {hop.device_id}")
-            return
+            return None
         key = (hop.workload, hop.version, hop.replica, hop.index)
         part = self.get(key)
         if part is None:
             self._fail(act, f"partition {hop.workload} v{hop.version} r{hop.replica} #{hop.index} not deployed")
-            return
+            return None
         if act.deadline and time.time() > act.deadline:
             # Its client has given up: computing it would only delay the requests queued behind it.
             self.expired += 1
             self._fail(act, "deadline exceeded before compute")
-            return
+            return None
         if act.hop > 0 and any(k.startswith("\0") for k in act.tensors):
             try:  # the previous hop's output, on the cut's (fog-signed) wire
                 act = replace(act, tensors=activations.decode(act.tensors,
@@ -293,37 +379,111 @@ class Executor:
             except activations.ActivationError as exc:
                 part.errors += 1
                 self._fail(act, f"bad activation: {exc}")
-                return
+                return None
         missing = [n for n in part.inputs if n not in act.tensors]
         if missing:
             part.errors += 1
             self._fail(act, f"missing input tensor {missing[0]!r}")
-            return
-        feeds = {n: act.tensors[n] for n in part.inputs}
+            return None
+        return _Ready(act, part, {n: act.tensors[n] for n in part.inputs})
+
+    def _gather(self, first: _Ready, deferred: collections.deque[Any]) -> list[_Ready]:
+        """``first`` and the queued frames that can run with it as one batch (``batching``)."""
+        part = first.part
+        sig = batching.signature(first.feeds, part.inputs) if part.batchable else None
+        if sig is None:
+            return [first]
+        group = [first]
+        rows = _rows(first.feeds, part.inputs)
+        earliest = first.act.deadline or 0.0
+        one_s = part.cost.one_s or part.calib_s
+        started = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                wait = batching.wait_more_s(self.batch, rows, time.monotonic() - started, earliest, time.time(),
+                                            one_s, part.cost.slope)
+                if wait <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    break
+            if item is _STOP:
+                deferred.append(item)
+                break
+            act = self._take(item)
+            if act is None:
+                continue
+            ready = self._prepare(act)
+            if ready is None:
+                continue
+            if ready.part is not part or batching.signature(ready.feeds, part.inputs) != sig:
+                deferred.append(ready.act)  # another partition or shape: after this batch, in order
+                continue
+            group.append(ready)
+            rows += _rows(ready.feeds, part.inputs)
+            if ready.act.deadline:
+                earliest = min(earliest, ready.act.deadline) if earliest else ready.act.deadline
+            if rows >= self.batch.max_batch:
+                break
+        return group
+
+    def _compute(self, group: list[_Ready]) -> None:
+        """Run the group's frames (one batch when more than one) and pass each frame's outputs on."""
+        part = group[0].part
+        if len(group) == 1:
+            feeds = group[0].feeds
+        else:
+            feeds = {n: np.concatenate([r.feeds[n] for r in group]) for n in part.inputs}
         t0 = time.monotonic()
         try:
             values = part.session.run(None, feeds)
         except Exception as exc:  # noqa: BLE001 - bad shapes/dtypes from a peer are its fault
+            if len(group) > 1:  # run them one by one: one frame's fault is not the others'
+                for r in group:
+                    self._compute([r])
+                return
             part.errors += 1
-            self._fail(act, f"run failed: {type(exc).__name__}: {str(exc)[:160]}")
+            self._fail(group[0].act, f"run failed: {type(exc).__name__}: {str(exc)[:160]}")
             return
         elapsed = time.monotonic() - t0
         target = elapsed * self.slowdown if self.slowdown > 1.0 else elapsed
         if part.sim_artifact:  # dynamic dims: the FLOPs of one sample of these shapes, once
             part.flops, part.sim_artifact = _sample_flops(part.sim_artifact, feeds), b""
+        first = feeds[part.inputs[0]] if part.inputs else None
+        rows = int(first.shape[0]) if first is not None and first.ndim > 0 else 1
         if self.device_flops and part.flops:  # simulated device: the modelled compute time
-            first = feeds[part.inputs[0]] if part.inputs else None
-            batch = int(first.shape[0]) if first is not None and first.ndim > 0 else 1
-            target = max(target, part.flops * max(batch, 1) / self.device_flops)
+            # rows x one sample's time, or less on a device class whose batches cost sublinearly
+            target = max(target, batching.batch_cost_s(part.flops / self.device_flops, rows, self.sim_batch_slope))
         if target > elapsed:
             time.sleep(target - elapsed)
             elapsed = target
         if part.calib_on_first:  # the load-time calibration could not: the first request's time
             part.calib_on_first, part.calib_s = False, elapsed
         self.busy_s += elapsed
-        part.latency.add(elapsed)
-        part.served += 1
-        outputs = {n: np.asarray(v) for n, v in zip(part.outputs, values)}
+        part.cost.add(len(group), elapsed)
+        if len(group) > 1:
+            self.batches += 1
+            self.batched_frames += len(group)
+        outs = [np.asarray(v) for v in values]
+        if len(group) > 1:
+            splits = _split(outs, [_rows(r.feeds, part.inputs) for r in group])
+            if splits is None:  # an output without the batch axis: cannot say whose it is
+                for r in group:
+                    self._compute([r])
+                return
+        else:
+            splits = [outs]
+        for r, mine in zip(group, splits):
+            part.latency.add(elapsed)
+            part.served += 1
+            self._pass_on(r, dict(zip(part.outputs, mine)), elapsed)
+
+    def _pass_on(self, r: _Ready, outputs: dict[str, Any], elapsed: float) -> None:
+        act, part = r.act, r.part
+        hop = act.route[act.hop]
         nxt = act.hop + 1
         if nxt < len(act.route):
             # tensors this partition did not consume travel on (a skip connection past this hop)
@@ -338,7 +498,9 @@ class Executor:
             if next_device == self.device_id:
                 self.submit(fwd)  # next partition is here too: skip the broker round trip
             else:
-                self._publish(self.topics.activation(next_device, self.device_id), self._sealer.relay(fwd))
+                with self._seal_lock:  # workers seal concurrently; the sealer's seq is not thread-safe
+                    sealed = self._sealer.relay(fwd)
+                self._publish(self.topics.activation(next_device, self.device_id), sealed)
             return
         self.answered += 1
         self._reply(act, InferenceResult(act.request_id, True, outputs, "", self.device_id, hop.replica, elapsed))

@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from edge_agent.batching import drain_s
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
 __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain", "LatencyHistogram",
@@ -177,6 +178,7 @@ class Router:
         self.wire_reports: dict[tuple[str, int, int], dict[str, object]] = {}
         self._answered_at: dict[str, deque[float]] = {}  # workload -> last answers (monotonic)
         self.stage_s: dict[StageKey, float] = {}       # measured compute per stage (state adverts)
+        self.stage_batch: dict[StageKey, tuple[int, float]] = {}  # stages that batch: (max batch, cost slope)
         self.slo_s: dict[str, float] = {}              # workload -> its deadline when a request has none
         self._work: dict[str, float] = {}              # device -> seconds of outstanding stage work
         self._outstanding: dict[tuple[str, int], int] = {}  # (workload, replica) -> attempts in flight
@@ -207,10 +209,22 @@ class Router:
             self.stage_s.pop(next(iter(self.stage_s)))
         self.stage_s[key] = float(seconds)
 
+    def note_batch(self, key: StageKey, max_batch: int, slope: float) -> None:
+        """A stage runs up to ``max_batch`` queued frames as one batch at this measured cost slope
+        (``edge_agent.batching``): its queue drains sublinearly, and predictions say so (issue 33)."""
+        if max_batch <= 1 or not math.isfinite(slope):
+            self.stage_batch.pop(key, None)
+            return
+        if key not in self.stage_batch and len(self.stage_batch) >= _MAX_STAGES:
+            self.stage_batch.pop(next(iter(self.stage_batch)))
+        self.stage_batch[key] = (int(max_batch), max(0.0, float(slope)))
+
     def forget_workload(self, workload: str) -> None:
         """A removed workload: drop its measurements (its requests in flight end as usual)."""
         for k in [k for k in self.stage_s if k[0] == workload]:
             del self.stage_s[k]
+        for k in [k for k in self.stage_batch if k[0] == workload]:
+            del self.stage_batch[k]
         for c in [c for c in self._overhead if c[0] == workload]:
             del self._overhead[c]
             self._dev.pop(c, None)
@@ -456,7 +470,7 @@ class Router:
             stages = self._stages(workload, c)
             pred: float | None = None
             if stages is not None:
-                wait = max(self._work.get(h.device_id, 0.0) for h in c[1])
+                wait = max(self._wait_at(workload, h, st) for h, st in zip(c[1], stages))
                 pred = wait + sum(stages) + self._overhead.get((workload, c[0]), 0.0)
             rank = 1.0 if pred is None else 0.0 if pred + self._margin(workload, c) <= left else 2.0
             key = (rank, pred if pred is not None else float(n), c[0])
@@ -465,6 +479,15 @@ class Router:
         if best is None:
             return None, None
         return best[1], best[2]
+
+    def _wait_at(self, workload: str, hop: Hop, stage_s: float) -> float:
+        """Predicted wait at a hop's device: its outstanding work, drained in batches where the stage
+        batches (the work in frames of this stage, at the stage's batch cost)."""
+        work = self._work.get(hop.device_id, 0.0)
+        batch = self.stage_batch.get((workload, hop.version, hop.replica, hop.index))
+        if batch is None or work <= 0 or stage_s <= 0:
+            return work
+        return drain_s(stage_s, math.ceil(work / stage_s - 1e-9), batch[0], batch[1])
 
     def _unloaded(self, workload: str, chains: Sequence[Chain]) -> float | None:
         """Seconds the fastest measured chain takes with nothing queued (None: none measured)."""

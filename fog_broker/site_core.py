@@ -504,6 +504,7 @@ class SiteCore:
             if a is None or a.device != st.device_id:
                 continue
             self.router.note_stage(key, p.p50_s if p.served > 0 and p.p50_s > 0 else p.calib_s)
+            self.router.note_batch(key, p.max_batch, p.batch_slope)
 
     def _check_stages(self, st: DeviceState, now: float, out: list[Command]) -> None:
         """Each running stage's measured p50 against the plan's time: a device whose stage stays

@@ -104,7 +104,7 @@ STATE_RANGES: Mapping[str, Range] = MappingProxyType({
 PARTITION_RANGES: Mapping[str, Range] = MappingProxyType({
     "version": Range(0, _I64), "replica": Range(0, _I64), "index": Range(0, _I64),
     "p50_s": Range(0.0, 86400.0, "s"), "p99_s": Range(0.0, 86400.0, "s"),
-    "calib_s": Range(0.0, 86400.0, "s"),
+    "calib_s": Range(0.0, 86400.0, "s"), "max_batch": Range(1, 1024), "batch_slope": Range(0.0, 1.5),
     "joules_per_inference": Range(0.0, 1e6, "J"),
     "served": Range(0, _I64), "errors": Range(0, _I64),
 })
@@ -135,6 +135,11 @@ class PartitionStatus(Record):
     # else power_active_w x calib_s (COST_MODEL.md); 0.0: not known
     joules_per_inference: float = 0.0
     energy_measured: bool = False
+    # dynamic batching (issue 33): frames this stage runs as one batch at most (1: no batching) and
+    # the measured cost slope of a batch, cost(n) = one frame's x (1 + slope (n - 1)); the router
+    # predicts a queue's drain with them
+    max_batch: int = 1
+    batch_slope: float = 1.0
 
     def validate(self) -> None:
         if self.health not in ("running", "loading", "failed"):

@@ -159,6 +159,7 @@ class _Sub:
     qos: int
     handler: Handler
     max_bytes: int | None  # None: the client's max_payload
+    direct: bool = False  # run on paho's network thread (see subscribe)
 
 
 @dataclass
@@ -247,13 +248,17 @@ class MqttClient:
             props.WillDelayInterval = will.delay_s
         self._client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain, properties=props)
 
-    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1, max_bytes: int | None = None) -> None:
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1, max_bytes: int | None = None,
+                  *, direct: bool = False) -> None:
         """Remember a subscription; it is (re)made on every connect.
 
         Payloads over ``max_bytes`` (default: the client's ``max_payload``) are dropped and
         counted before queueing. The first subscription whose filter matches a topic routes it.
+        ``direct``: the handler runs on paho's network thread, skipping the worker's queue and one
+        thread wake-up per message (the data plane's latency, issue 32); it must only hand the
+        message on (no blocking, no signature checks) or it stalls every read and ack.
         """
-        self._subs[topic_filter] = _Sub(qos, handler, max_bytes)
+        self._subs[topic_filter] = _Sub(qos, handler, max_bytes, direct)
         self._reroute()
         if self._connected.is_set():
             self._subscribe_now(topic_filter, qos)
@@ -468,6 +473,14 @@ class MqttClient:
         inbound = Inbound(topic, payload, time.monotonic(), bool(msg.retain),
                           getattr(props, "ResponseTopic", None) if props else None,
                           getattr(props, "CorrelationData", None) if props else None)
+        if sub is not None and sub.direct:
+            self.counters.received += 1
+            try:
+                sub.handler(inbound)
+            except Exception:
+                self.counters.handler_errors += 1
+                log.exception("%s: direct handler failed for %s", self.client_id, topic)
+            return
         try:
             self._inbox.put_nowait(("msg", inbound, sub.handler if sub is not None else None))
         except queue.Full:

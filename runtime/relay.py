@@ -19,6 +19,7 @@ phrases for counters.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
@@ -76,9 +77,15 @@ def seal(sender: Identity, act: Activation) -> bytes:
     return codec.encode(Relay(act.hop, sender.name, act.ticket, act.ticket_sig, tensors, sig))
 
 
+@functools.lru_cache(maxsize=1024)
+def _public_key(key: bytes) -> Ed25519PublicKey:
+    """Loaded once per key: every frame is checked against a few (the fog's, the previous hop's)."""
+    return Ed25519PublicKey.from_public_bytes(key)
+
+
 def _verify(key: bytes, sig: bytes, data: bytes, reason: str) -> None:
     try:
-        Ed25519PublicKey.from_public_bytes(key).verify(sig, data)
+        _public_key(bytes(key)).verify(sig, data)
     except (InvalidSignature, ValueError):
         raise RelayError(reason) from None
 

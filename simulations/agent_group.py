@@ -50,7 +50,10 @@ def main(argv: list[str]) -> int:
         cfg = AgentConfig(device_id=a["id"], data_dir=base / a["id"], host=host, port=spec["port"], site=site,
                           labels=a.get("labels", {}), fog_key=fog_key, tls=tls,
                           state_interval_s=spec.get("interval", 1.0), keepalive=5, intra_op_threads=1,
-                          model_compute=bool(a.get("model_compute", False)))
+                          model_compute=bool(a.get("model_compute", False)),
+                          max_batch=int(a.get("max_batch", 1)),
+                          max_batch_wait_s=float(a.get("max_batch_wait_s", 0.002)),
+                          sim_batch_slope=float(a.get("sim_batch_slope", 1.0)))
         agents.append(make_agent(cfg, profile=prof).start())
     print("agents-started", flush=True)
     while not stop.wait(0.5):

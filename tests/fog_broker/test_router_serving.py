@@ -253,3 +253,19 @@ def test_a_chain_refusing_on_what_it_learned_takes_an_idle_probe_and_unlearns_it
             break
     assert r.counters["probes"] >= 1
     assert admitted_at is not None  # the chain serves on its prediction again
+
+
+def test_stages_that_batch_drain_their_queues_faster_and_admit_more() -> None:
+    plain, batched = measured(), measured()
+    for rep in (0, 1):
+        for i in (0, 1):
+            batched.note_batch(("w", 1, rep, i), 8, 0.1)  # 8 frames in 1.7x one frame's time
+    counts = []
+    for r in (plain, batched):
+        cmds = [r.submit(req(f"r{i}", timeout=1.0), CHAINS, 0.0, 100.0)[0] for i in range(80)]
+        counts.append(sum(isinstance(c, SendActivation) for c in cmds))
+    assert counts[0] <= 2 * 9 < 2 * 20 <= counts[1]  # the same 1 s deadline, queues drained 8 at a time
+    batched.note_batch(("w", 1, 0, 0), 1, 0.1)  # the stage stopped batching: forgotten
+    assert ("w", 1, 0, 0) not in batched.stage_batch
+    batched.forget_workload("w")
+    assert not batched.stage_batch

@@ -39,3 +39,23 @@ def test_wait_on_a_publish_made_while_offline_times_out_false() -> None:
     info = paho.MQTTMessageInfo(1)
     info.rc = paho.MQTT_ERR_NO_CONN
     assert PublishHandle(info).wait(0.05) is False
+
+
+def test_a_direct_subscription_runs_on_the_network_thread_and_others_queue() -> None:
+    """Issue 32: the data plane's frames skip the worker's queue; everything else still queues."""
+    from types import SimpleNamespace
+
+    c = MqttClient("unit", "127.0.0.1", 1)
+    direct: list[str] = []
+    queued: list[str] = []
+    c.subscribe("s/dev/a/ACT/+", lambda m: direct.append(m.topic), direct=True)
+    c.subscribe("s/dev/a/CMD", lambda m: queued.append(m.topic))
+
+    def broken(m: object) -> None:
+        raise RuntimeError("handler bug")
+
+    c.subscribe("s/dev/a/BAD/+", broken, direct=True)
+    for topic in ("s/dev/a/ACT/b", "s/dev/a/CMD", "s/dev/a/BAD/x"):
+        c._on_message(c._client, None, SimpleNamespace(topic=topic, payload=b"x", retain=False))  # type: ignore[arg-type]
+    assert direct == ["s/dev/a/ACT/b"] and queued == []  # the worker (not started) has not run
+    assert c._inbox.qsize() == 1 and c.counters.handler_errors == 1  # a failing handler is counted, not raised
