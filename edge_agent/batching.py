@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.batch_cost import batch_cost_s, drain_s
+
 __all__ = ["BatchPolicy", "BatchCost", "wait_more_s", "signature", "batch_cost_s", "drain_s"]
 
 
@@ -36,20 +38,6 @@ class BatchPolicy:
     @property
     def enabled(self) -> bool:
         return self.max_batch > 1
-
-
-def batch_cost_s(one_s: float, n: int, slope: float) -> float:
-    """Predicted run time of a batch of ``n`` frames given one frame's ``one_s``."""
-    return one_s * (1.0 + max(0.0, slope) * (max(1, n) - 1))
-
-
-def drain_s(one_s: float, queued: int, max_batch: int, slope: float) -> float:
-    """Time to run ``queued`` frames at a stage that batches up to ``max_batch`` (full batches first)."""
-    if queued <= 0 or one_s <= 0:
-        return 0.0
-    b = max(1, max_batch)
-    full, rest = divmod(queued, b)
-    return full * batch_cost_s(one_s, b, slope) + (batch_cost_s(one_s, rest, slope) if rest else 0.0)
 
 
 def wait_more_s(policy: BatchPolicy, collected: int, waited_s: float, earliest_deadline: float,

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from edge_agent.batching import drain_s
+from runtime.batch_cost import drain_s
 from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
 
 __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain", "LatencyHistogram",
@@ -211,7 +211,7 @@ class Router:
 
     def note_batch(self, key: StageKey, max_batch: int, slope: float) -> None:
         """A stage runs up to ``max_batch`` queued frames as one batch at this measured cost slope
-        (``edge_agent.batching``): its queue drains sublinearly, and predictions say so (issue 33)."""
+        (``runtime.batch_cost``): its queue drains sublinearly, and predictions say so (issue 33)."""
         if max_batch <= 1 or not math.isfinite(slope):
             self.stage_batch.pop(key, None)
             return
