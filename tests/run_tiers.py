@@ -7,7 +7,9 @@ Steps, in order (tests/conftest.py checks the markers they select on):
 - ``integration``: ``pytest.mark.integration``, on ``-n`` workers, a file per worker at a time
   (``--dist loadfile``: module-scoped brokers and sites are built once);
 - ``serial``: integration tests marked ``serial`` (they cannot share the machine), one at a time;
-- ``e2e``: the whole-system giants (``pytest.mark.e2e``, old name ``slow``), one at a time.
+- ``e2e``: the whole-system giants (``pytest.mark.e2e``, old name ``slow``), one at a time;
+- ``nightly`` (not in ``make test``: ``make test-nightly``): giants marked ``nightly`` whose
+  acceptance items a test in the other steps holds too (docs/testing.md has the table).
 
 A step that selects nothing (pytest's exit code 5, e.g. a narrowed run) is no failure. ``make
 test`` stops at the first failing step, so a unit failure answers in minutes. The last line sums
@@ -46,7 +48,8 @@ def steps(unit_workers: int, integration_workers: int) -> dict[str, Step]:
         Step("integration", "integration and not e2e and not serial", integration_workers,
              "loadfile"),
         Step("serial", "integration and serial and not e2e", 0),
-        Step("e2e", "e2e", 0),
+        Step("e2e", "e2e and not nightly", 0),
+        Step("nightly", "nightly", 0),
     )}
 
 
