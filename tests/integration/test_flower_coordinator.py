@@ -50,12 +50,14 @@ def _onnx_predict(blob: bytes, x: np.ndarray) -> np.ndarray:
     return np.array([int(np.argmax(sess.run(None, {name: x[i:i + 1]})[0])) for i in range(len(x))])
 
 
+@pytest.mark.timeout(480)  # its own waits add up to 380 s (60 + 120 + 200): pytest's 300 s cut it short
 def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
     dep = Deployment(tmp_path)
     try:
         keys = [dep.authorize(f"dev-{i}") for i in range(N)]
         args = ("--app", str(bundled_app("digits")), "--replica-dir", str(tmp_path / "replica"), "--rounds", "3",
                 "--rule", "trimmed_mean", "--f", "1", "--num-partitions", str(N), "--round-timeout", "40",
+                "--min-clients", str(N),  # the restarted SuperNode may join late: every round waits for all
                 "--grace", "2", "--timeout", "200", "--seed", "7")
         coord = dep.coordinator(*args)
         dep.wait_file(dep.ck / "superlink.json", 60)
