@@ -371,7 +371,6 @@ def _supernode(procs: Procs, i: int, port: int, tmp: Path) -> subprocess.Popen[b
                        env=env)
 
 
-@pytest.mark.nightly  # test_flower_coordinator's digits test holds the same items in make test
 def test_federated_chaos(procs: Procs, tmp_path: Path) -> None:
     from cloud_coordinator.store import REPORT_FILE, CheckpointStore
 

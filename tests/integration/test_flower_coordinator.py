@@ -1,9 +1,8 @@
 """Real Flower: `fogline coordinator --app` with authenticated SuperNodes, on 127.0.0.1.
 
 * the digits example (numpy): one Byzantine client, a kill -9 of the whole coordinator
-  (supervisor, SuperLink, ServerApp) mid-run and of one SuperNode, resume from the checkpoints
-  to the same rounds with the SuperNode back (every checkpoint of both replicas verifies),
-  signed releases whose ONNX predicts what the numpy model predicts;
+  (supervisor, SuperLink, ServerApp) mid-run, resume from the checkpoints to the same
+  rounds, signed releases whose ONNX predicts what the numpy model predicts;
 * the PyTorch example (a CNN written the way ``flwr new`` writes an app, with
   ``torch.onnx.export`` as its export hook): one Byzantine client, the release published
   over TLS to a real fog site (``fogline broker``) that pins the coordinator's key, rolled
@@ -57,21 +56,16 @@ def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
         keys = [dep.authorize(f"dev-{i}") for i in range(N)]
         args = ("--app", str(bundled_app("digits")), "--replica-dir", str(tmp_path / "replica"), "--rounds", "3",
                 "--rule", "trimmed_mean", "--f", "1", "--num-partitions", str(N), "--round-timeout", "40",
-                "--min-clients", str(N),  # the restarted SuperNode may join late: every round waits for all
                 "--grace", "2", "--timeout", "200", "--seed", "7")
         coord = dep.coordinator(*args)
         dep.wait_file(dep.ck / "superlink.json", 60)
-        configs = [f"partition-id={i} num-partitions={N}" + (" byzantine='sign-flip'" if i == N - 1 else "")
-                   for i in range(N)]
-        supernodes = [dep.node(f"dev-{i}", keys[i], configs[i]) for i in range(N)]
+        for i in range(N):
+            attack = " byzantine='sign-flip'" if i == N - 1 else ""
+            dep.node(f"dev-{i}", keys[i], f"partition-id={i} num-partitions={N}{attack}")
         dep.wait_file(dep.ck / "ckpt-00000001.json", 120)
         time.sleep(1.0)  # round 2 in flight
         kill_tree(coord)  # kill -9: supervisor, SuperLink, flwr run and the ServerApp
         assert not (dep.ck / "report.json").exists()
-        # a SuperNode dies too (kill -9) and comes back with its key: the resumed run has it again
-        # (test_chaos.py::test_federated_chaos, nightly, kills both at seeded random moments)
-        kill_tree(supernodes[0])
-        dep.node("dev-0", keys[0], configs[0])
         t0 = time.monotonic()
         again = dep.coordinator(*args, log_name="coordinator-2")
         assert dep.wait_exit(again, 200, "coordinator-2") == 0, (tmp_path / "coordinator-2.log").read_text()[-3000:]
@@ -81,12 +75,8 @@ def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
         assert all(h["clients"] == [f"dev-{i}" for i in range(N)] for h in rep["history"])
         assert rep["history"][-1]["server"]["accuracy"] > 0.8
         trusted = Identity.load("coordinator", key_path(dep.ck, "coordinator.key")).public_key_bytes
-        store = CheckpointStore([dep.ck, tmp_path / "replica"], trusted_key=trusted)
-        ck, _ = store.load_latest()
+        ck, _ = CheckpointStore([dep.ck, tmp_path / "replica"], trusted_key=trusted).load_latest()
         assert ck is not None and ck.server_round == 3
-        scan = store.scan()
-        assert scan.entries and not scan.skipped, scan.skipped  # every checkpoint of both replicas verifies
-        assert {max(e.server_round for e in scan.entries if e.replica == i) for i in range(2)} == {3}
         rel = read_release(Path(rep["releases"][-1]["path"]))
         _verify(rel, Identity.load("coordinator", key_path(dep.ck, "coordinator.key")).public_key_bytes)
         from models.digits import load_digits_split

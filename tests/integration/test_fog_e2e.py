@@ -235,9 +235,16 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     np.testing.assert_allclose(np.array(json.loads(r.stdout)["outputs"]["logits"], dtype=np.float32),
                                _reference("resnet", x), rtol=1e-4, atol=1e-5)
 
-    # where the partitions are when the fog dies (not when the deploy ran: on a loaded machine the
-    # fog may move a stage it measured slow, slow_stages, in between)
-    before = _workload(c, "res")
+    # where the partitions are when the fog dies, once the fleet holds exactly its placement (not
+    # when the deploy ran: on a loaded machine the fog may move a stage it measured slow in between,
+    # and a fog killed in the middle of a move leaves a copy for the next one to undeploy)
+    def quiet() -> Any:
+        st = c.status()
+        w = next(x for x in st["workloads"] if x["name"] == "res")
+        placed = sorted(p["device"] for rep in w["placement"] for p in rep["partitions"])
+        held = sorted(d["id"] for d in st["devices"] for p in d["partitions"] if p.startswith("res/"))
+        return w if w["healthy_replicas"] == 1 and held == placed else None
+    before = wait_for(quiet, SETTLE_S, "res running on exactly its placement")
     before_parts = sorted((p["index"], p["device"]) for rep in before["placement"] for p in rep["partitions"])
     mosquitto = json.loads((data / "mqtt" / "owner.json").read_text())["pid"]
     fog.kill_fog_only()  # a fog crash: its mosquitto must not outlive it (no orphan holds the port)
