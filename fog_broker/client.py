@@ -309,11 +309,17 @@ class FogClient:
         return self.control("delete", {"name": name}, timeout=timeout)
 
     def wait_running(self, name: str, timeout: float = 30.0, replicas: int | None = None) -> dict[str, Any]:
-        """Poll status until the workload runs (all replicas healthy, or ``replicas`` of them)."""
+        """Poll status until the workload runs (all replicas healthy, or ``replicas`` of them).
+
+        One status call that outlives its own timeout (a busy fog: agents enrolling, an ACL being
+        test-loaded) is "not yet", not a failure: ``timeout`` bounds the whole wait."""
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            st = self.status(limit=0)
+            try:
+                st = self.status(limit=0, timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+            except TimeoutError:
+                continue  # the call itself waited its timeout
             for w in st["workloads"]:
                 if w["name"] == name:
                     last = w

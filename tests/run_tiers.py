@@ -7,7 +7,9 @@ Steps, in order (tests/conftest.py checks the markers they select on):
 - ``integration``: ``pytest.mark.integration``, on ``-n`` workers, a file per worker at a time
   (``--dist loadfile``: module-scoped brokers and sites are built once);
 - ``serial``: integration tests marked ``serial`` (they cannot share the machine), one at a time;
-- ``e2e``: the whole-system giants (``pytest.mark.e2e``, old name ``slow``), one at a time.
+- ``e2e``: the whole-system giants (``pytest.mark.e2e``, old name ``slow``), one at a time;
+- ``nightly`` (not in ``make test``: ``make test-nightly``): giants marked ``nightly`` whose
+  acceptance items a test in the other steps holds too (docs/testing.md has the table).
 
 A step that selects nothing (pytest's exit code 5, e.g. a narrowed run) is no failure. ``make
 test`` stops at the first failing step, so a unit failure answers in minutes. The last line sums
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NO_TESTS = 5  # pytest's exit code when a step selects no test
+MAKE_TEST = ("unit", "integration", "serial", "e2e")  # the steps of make test, in order: no nightly
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ def steps(unit_workers: int, integration_workers: int) -> dict[str, Step]:
         Step("integration", "integration and not e2e and not serial", integration_workers,
              "loadfile"),
         Step("serial", "integration and serial and not e2e", 0),
-        Step("e2e", "e2e", 0),
+        Step("e2e", "e2e and not nightly", 0),
+        Step("nightly", "nightly", 0),
     )}
 
 
@@ -102,7 +106,7 @@ def run_step(step: Step, args: list[str], tmp: Path, tag: str = "") -> tuple[int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiers", default="unit,integration,serial,e2e",
+    parser.add_argument("--tiers", default=",".join(MAKE_TEST),
                         help="comma-separated steps to run, in this order")
     parser.add_argument("--unit-workers", type=int,
                         default=int(os.environ.get("FOGLINE_UNIT_WORKERS", "2")))

@@ -32,9 +32,10 @@ class TierViolation(AssertionError):
 
 
 def tier_of(item: pytest.Item) -> str:
-    """``unit``, ``integration`` or ``e2e`` from the item's markers (``slow`` counts as ``e2e``)."""
+    """``unit``, ``integration`` or ``e2e`` from the item's markers (``slow`` and ``nightly`` count
+    as ``e2e``)."""
     names = {m.name for m in item.iter_markers()}
-    if names & {"e2e", "slow"}:
+    if names & {"e2e", "slow", "nightly"}:
         return "e2e"
     return "integration" if "integration" in names else "unit"
 

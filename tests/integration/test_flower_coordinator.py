@@ -49,6 +49,7 @@ def _onnx_predict(blob: bytes, x: np.ndarray) -> np.ndarray:
     return np.array([int(np.argmax(sess.run(None, {name: x[i:i + 1]})[0])) for i in range(len(x))])
 
 
+@pytest.mark.timeout(480)  # its own waits add up to 380 s (60 + 120 + 200): pytest's 300 s cut it short
 def test_digits_app_kill9_resume_and_release(tmp_path: Path) -> None:
     dep = Deployment(tmp_path)
     try:

@@ -26,7 +26,11 @@ from simulations.local_site import LocalSite
 
 from waiting import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# Waits are bounds on "eventually", generous for a loaded 2-core machine shared with another
+# xdist worker (a fog's first status answer took over 10 s there); the checks are the states and
+# reasons reached, never how fast. A passing run waits no longer for them.
+SETTLE_S = 60.0
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -55,10 +59,12 @@ class Procs:
         self.procs.append(p)
         return p
 
-    def fog(self, data_dir: Path, site: str, *, port: int | None = None, name: str = "fog") -> LocalSite:
+    def fog(self, data_dir: Path, site: str, *, port: int | None = None, name: str = "fog",
+            startup_wait_s: float = 4.0) -> LocalSite:
         """``fogline broker`` as the README starts it (secure, owns its mosquitto)."""
         s = LocalSite(data_dir, site=site, port=port, log=self.tmp / f"{name}.log", verbose=2,
-                      args=["--state-interval", "1", "--startup-wait", "4", "--summary-interval", "1"]).start()
+                      args=["--state-interval", "1", "--startup-wait", str(startup_wait_s),
+                            "--summary-interval", "1"]).start()
         self.sites.append(s)
         return s
 
@@ -119,22 +125,22 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
     procs.agents(fog, spares, "agents-spare")
     workers = {f"w{i}": procs.agents(fog, [_worker(i, 400_000)], f"agent-w{i}") for i in range(3)}
     c = fog.client()
-    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2", "w3", "w4"}, 30, "6 agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2", "w3", "w4"}, SETTLE_S, "6 agents alive")
     res = c.deploy({"workloads": [
         {"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}},
         {"name": "mlp2", "model": "zoo:mlp", "source": "cam", "sink": "cam", "replicas": 2,
          "selectors": {"role": "worker"}},
     ]})
     assert [d["name"] for d in res["deployed"]] == ["res", "mlp2"]
-    w = c.wait_running("res", 30)
-    c.wait_running("mlp2", 30)
+    w = c.wait_running("res", SETTLE_S)
+    c.wait_running("mlp2", SETTLE_S)
     devices = [p["device"] for r in w["placement"] for p in r["partitions"]]
     assert len(devices) >= 2, w  # 513 KB of resnet on 400 KB devices: a chain of partitions
     # each agent timed its partition at load; the fog now places by those measured times
-    calibrated = wait_for(lambda: set(_workload(c, "res")["measured_on"]), 15, "calibrated devices")
+    calibrated = wait_for(lambda: set(_workload(c, "res")["measured_on"]), SETTLE_S, "calibrated devices")
     assert set(devices) <= calibrated
     x = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
-    out = c.infer("res", {"x": x}, timeout=10)
+    out = c.infer("res", {"x": x}, timeout=30)
     np.testing.assert_allclose(out["logits"], _reference("resnet", x), rtol=1e-4, atol=1e-5)
     xm = np.random.default_rng(1).random((1, 64), dtype=np.float32)
     ref_m = _reference("mlp", xm)
@@ -151,13 +157,13 @@ def test_deploy_infer_kill9_agent_replaced_and_replica_failover(procs: Procs, tm
         w2 = _workload(c, "res")
         devs = [p["device"] for r in w2["placement"] for p in r["partitions"]]
         return w2 if w2["healthy_replicas"] == 1 and victim not in devs else None
-    w2 = wait_for(replaced, 15, "res re-placed")
+    w2 = wait_for(replaced, SETTLE_S, "res re-placed")
     recovery = time.monotonic() - t_kill
     still = {(p["index"], p["device"]) for r in w2["placement"] for p in r["partitions"]}
     assert keep <= still, "healthy partitions must stay where they were"
-    out = c.infer("res", {"x": x}, timeout=10)
+    out = c.infer("res", {"x": x}, timeout=30)
     np.testing.assert_allclose(out["logits"], _reference("resnet", x), rtol=1e-4, atol=1e-5)
-    wait_for(lambda: _workload(c, "mlp2")["healthy_replicas"] == 2, 15, "mlp2 back to 2 replicas")
+    wait_for(lambda: _workload(c, "mlp2")["healthy_replicas"] == 2, SETTLE_S, "mlp2 back to 2 replicas")
     st = c.status()
     dead = next(d for d in st["devices"] if d["id"] == victim)
     assert not dead["alive"] and dead["lost_reason"] == "will"
@@ -172,32 +178,32 @@ def test_quota_priority_and_preemption(procs: Procs, tmp_path: Path) -> None:
     # two workers that each hold one resnet (513 KB) but not two
     procs.agents(fog, [CAM, _worker(0, 700_000), _worker(1, 700_000)], "agents")
     c = fog.client()
-    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1"}, SETTLE_S, "agents alive")
     base = {"model": "zoo:resnet", "source": "cam", "sink": "cam", "selectors": {"role": "worker"}}
     # quota: tenant q may use 100 KB -> pending with the quota reason
     c.deploy({"workloads": [{**base, "name": "over-quota", "tenant": "q"}], "quotas": {"q": {"memory_bytes": 100_000}}})
-    w = wait_for(lambda: (x := _workload(c, "over-quota"))["reasons"] and x, 10, "quota reason")
+    w = wait_for(lambda: (x := _workload(c, "over-quota"))["reasons"] and x, SETTLE_S, "quota reason")
     assert w["status"] == "pending" and "quota" in w["reasons"], w
     with pytest.raises(Exception, match="no running replica"):
         c.infer("over-quota", {"x": np.zeros((1, 3, 32, 32), np.float32)}, timeout=3)
     # low priority takes both workers (2 replicas, anti-affinity)
     c.deploy({**base, "name": "low", "priority": 0, "replicas": 2})
-    c.wait_running("low", 30)
+    c.wait_running("low", SETTLE_S)
     # high priority needs one worker: preempts low, which cannot fit any more
     c.deploy({**base, "name": "high", "priority": 10})
-    c.wait_running("high", 30)
-    low = wait_for(lambda: (x := _workload(c, "low"))["status"] == "pending" and x, 10,
+    c.wait_running("high", SETTLE_S)
+    low = wait_for(lambda: (x := _workload(c, "low"))["status"] == "pending" and x, SETTLE_S,
                    "low preempted")
     assert "preempted" in low["reasons"] and low["evicted"], low
     x = np.random.default_rng(2).random((1, 3, 32, 32), dtype=np.float32)
-    np.testing.assert_allclose(c.infer("high", {"x": x}, timeout=10)["logits"], _reference("resnet", x),
+    np.testing.assert_allclose(c.infer("high", {"x": x}, timeout=30)["logits"], _reference("resnet", x),
                                rtol=1e-4, atol=1e-5)
     # the evicted partitions are gone from the devices
     wait_for(lambda: not any("low/" in p for d in c.status()["devices"] for p in d["partitions"]),
-             10, "low undeployed")
+             SETTLE_S, "low undeployed")
     # deleting high lets low back in
     c.delete("high")
-    c.wait_running("low", 30)
+    c.wait_running("low", SETTLE_S)
     c.close()
 
 
@@ -208,7 +214,7 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     fog = procs.fog(data, site, port=port)  # owns mosquitto
     procs.agents(fog, [CAM, _worker(0, 400_000), _worker(1, 400_000), _worker(2, 400_000)], "agents")
     c = fog.client()
-    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0", "w1", "w2"}, SETTLE_S, "agents alive")
     # CLI deploy (one workload file), status --json, infer
     wl = tmp_path / "workload.json"
     wl.write_text(json.dumps({"name": "res", "model": "zoo:resnet", "source": "cam", "sink": "cam",
@@ -220,8 +226,6 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "running" in r.stdout
-    before = _workload(c, "res")
-    before_parts = sorted((p["index"], p["device"]) for rep in before["placement"] for p in rep["partitions"])
     x = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
     r = subprocess.run(cli + ["infer", "res", str(tmp_path / "x.npy"), "--broker", f"127.0.0.1:{port}",
@@ -231,18 +235,32 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     np.testing.assert_allclose(np.array(json.loads(r.stdout)["outputs"]["logits"], dtype=np.float32),
                                _reference("resnet", x), rtol=1e-4, atol=1e-5)
 
+    # where the partitions are when the fog dies, once the fleet holds exactly its placement (not
+    # when the deploy ran: on a loaded machine the fog may move a stage it measured slow in between,
+    # and a fog killed in the middle of a move leaves a copy for the next one to undeploy)
+    def quiet() -> Any:
+        st = c.status()
+        w = next(x for x in st["workloads"] if x["name"] == "res")
+        placed = sorted(p["device"] for rep in w["placement"] for p in rep["partitions"])
+        held = sorted(d["id"] for d in st["devices"] for p in d["partitions"] if p.startswith("res/"))
+        return w if w["healthy_replicas"] == 1 and held == placed else None
+    before = wait_for(quiet, SETTLE_S, "res running on exactly its placement")
+    before_parts = sorted((p["index"], p["device"]) for rep in before["placement"] for p in rep["partitions"])
     mosquitto = json.loads((data / "mqtt" / "owner.json").read_text())["pid"]
     fog.kill_fog_only()  # a fog crash: its mosquitto must not outlive it (no orphan holds the port)
     wait_for(lambda: not Path(f"/proc/{mosquitto}").exists() or
-             Path(f"/proc/{mosquitto}/stat").read_text().split()[2] == "Z", 10, "mosquitto gone with its fog")
-    fog2 = procs.fog(data, site, port=port, name="fog2")  # a new mosquitto; agents reconnect, partitions stay
+             Path(f"/proc/{mosquitto}/stat").read_text().split()[2] == "Z", SETTLE_S, "mosquitto gone with its fog")
+    # a new mosquitto; agents reconnect, partitions stay. The restarted fog re-places the partitions
+    # of a device not heard from within its startup wait: 4 s lost a slow agent's reconnect under a
+    # load of 36 on two workers (w2's partition moved), so this fog waits longer
+    fog2 = procs.fog(data, site, port=port, name="fog2", startup_wait_s=20.0)
 
     def settled() -> Any:
         st = c.status()
         w = next((x for x in st["workloads"] if x["name"] == "res"), None)
         return st if st["ready"] and st["epoch"] == 2 and w and w["healthy_replicas"] == 1 else None
     try:
-        st = wait_for(settled, 20, "restarted fog ready with res running")
+        st = wait_for(settled, SETTLE_S, "restarted fog ready with res running")
     except Exception:
         assert fog2.proc is not None
         os.kill(fog2.proc.pid, signal.SIGUSR1)
@@ -253,7 +271,7 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     assert after_parts == before_parts
     assert st["counters"].get("deploys_sent", 0) == 0, st["counters"]
     assert st["counters"].get("undeploys_sent", 0) == 0, st["counters"]
-    np.testing.assert_allclose(c.infer("res", {"x": x}, timeout=10)["logits"], _reference("resnet", x),
+    np.testing.assert_allclose(c.infer("res", {"x": x}, timeout=30)["logits"], _reference("resnet", x),
                                rtol=1e-4, atol=1e-5)
     r = subprocess.run(cli + ["status"], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
@@ -271,16 +289,16 @@ def test_hung_agent_is_declared_dead_by_the_state_deadline(procs: Procs, tmp_pat
     hung = procs.agents(fog, [_worker(0, 400_000)], "agent-hung")
     procs.agents(fog, [CAM], "agent-cam")
     c = fog.client()
-    wait_for(lambda: _alive(c) >= {"cam", "w0"}, 30, "agents alive")
+    wait_for(lambda: _alive(c) >= {"cam", "w0"}, SETTLE_S, "agents alive")
     t0 = time.monotonic()
     os.killpg(hung.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: "w0" not in _alive(c), 10, "w0 declared dead")
+        wait_for(lambda: "w0" not in _alive(c), 30, "w0 declared dead")
         took = time.monotonic() - t0
         dev = next(d for d in c.status()["devices"] if d["id"] == "w0")
         assert dev["lost_reason"] == "missed state adverts", dev
         print(f"hung agent declared dead after {took:.2f} s")  # the reason above, not a timing, is the check
     finally:
         os.killpg(hung.pid, signal.SIGCONT)
-    wait_for(lambda: "w0" in _alive(c), 15, "w0 back after SIGCONT (rebirth)")
+    wait_for(lambda: "w0" in _alive(c), SETTLE_S, "w0 back after SIGCONT (rebirth)")
     c.close()

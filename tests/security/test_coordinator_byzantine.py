@@ -30,6 +30,7 @@ from _grid import LocalGrid, pull_client
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+@pytest.mark.nightly  # test_flower_control_api's coordinator test holds these items in make test
 def test_byzantine_replies_and_an_impostor_do_not_stop_the_rounds(tmp_path: Path) -> None:
     dep = Deployment(tmp_path)
     try:

@@ -9,7 +9,8 @@ with only that CA file, pointed at every port the coordinator's (and a site
 aggregator's) process tree listens on at the address devices dial (127.0.0.2;
 Linux routes it over loopback, and a socket bound to 127.0.0.1 is not reachable
 through it, as a loopback-only socket is not from another host). All three are
-refused; authenticated SuperNodes dialling that same address still train.
+refused; authenticated SuperNodes dialling that same address still train, and (finding 14,
+the same coordinator) Byzantine replies and an impostor SuperNode do not stop its rounds.
 """
 from __future__ import annotations
 
@@ -92,18 +93,22 @@ def _legit(work: Path, *argv: str) -> dict[str, object]:
 
 
 def test_a_ca_holder_cannot_use_the_coordinators_control_api_and_devices_still_train(tmp_path: Path) -> None:
+    """The same coordinator also holds finding 14's rounds (test_coordinator_byzantine's first
+    test, nightly, on 127.0.0.1): a reply with an absurd example count, a NaN reply and an
+    impostor with an unregistered key claiming ``dev-0`` are counted and the rounds complete."""
     dep = Deployment(tmp_path)
     dep.host = DEVICE_HOST
     try:
-        n = 3
+        n = 5
+        roles = {3: " byzantine='inf-examples'", 4: " byzantine='nan'"}
         keys = [dep.authorize(f"dev-{i}") for i in range(n)]
         cwd = tmp_path / "cwd"  # issue 24: a fogline/ folder in the cwd made every flwr command fail
         (cwd / "fogline").mkdir(parents=True)
         (cwd / "fogline" / "pyproject.toml").write_text('[project]\nname = "fogline"\n')
-        coord = dep.coordinator("--rounds", "1", "--rule", "median", "--f", "0", "--num-partitions", str(n),
-                                "--min-clients", str(n), "--round-timeout", "60", "--grace", "1", "--timeout", "300",
+        coord = dep.coordinator("--rounds", "2", "--rule", "median", "--f", "1", "--num-partitions", str(n),
+                                "--min-clients", "3", "--round-timeout", "60", "--grace", "2", "--timeout", "300",
                                 cwd=cwd)
-        dep.wait_file(dep.ck / "superlink.json", 60)
+        dep.wait_file(dep.ck / "superlink.json", 60)  # the keys are registered: SuperNodes may connect
         ports = _attack(dep, coord.pid, dep.ck / "superlink-tls" / "ca.pem", "cloud")
         assert dep.port in ports
         runs = _legit(dep.ck, "ls")["runs"]
@@ -112,10 +117,19 @@ def test_a_ca_holder_cannot_use_the_coordinators_control_api_and_devices_still_t
         attacker_pub = (tmp_path / "attacker-cloud" / "key" / "supernode.pub").read_text().split()[1]
         assert attacker_pub[:40] not in nodes
         for i in range(n):  # real authenticated SuperNodes on the same address
-            dep.node(f"dev-{i}", keys[i], f"partition-id={i} num-partitions={n}")
+            dep.node(f"dev-{i}", keys[i], f"partition-id={i} num-partitions={n}{roles.get(i, '')}")
+        impostor_key = tmp_path / "impostor"
+        assert dep.fogline("supernodes", "keygen", "--out", str(impostor_key)).returncode == 0
+        dep.node("impostor", impostor_key / "supernode.key", f"device-id='dev-0' partition-id=0 num-partitions={n}")
         assert dep.wait_exit(coord, 300) == 0, (tmp_path / "coordinator.log").read_text()[-3000:]
         rep = json.loads((dep.ck / "report.json").read_text())
-        assert rep["rounds_done"] == 1 and rep["history"][0]["clients"] == [f"dev-{i}" for i in range(n)]
+        assert rep["rounds_done"] == 2
+        for h in rep["history"]:
+            assert h["clients"] == [f"dev-{i}" for i in range(n)]  # the impostor never got a round
+            assert h["rejected"].get("dev-3") == "absurd example count"
+            assert h["rejected"].get("dev-4") == "non-finite values"
+            assert h["accepted"] == ["dev-0", "dev-1", "dev-2"] and not h.get("skipped")
+        assert rep["history"][-1]["server"]["accuracy"] > 0.8
     finally:
         dep.close()
 

@@ -171,8 +171,9 @@ def test_a_request_head_or_body_that_does_not_arrive_in_time_is_closed(fog: Fog)
     assert LIMITS.header_timeout_s - 1 <= took <= LIMITS.header_timeout_s + 3, took
 
 
-@pytest.mark.slow
 def test_a_body_that_does_not_arrive_in_time_gets_408_and_is_closed(fog: Fog) -> None:
+    """Integration, not e2e: 30 s of an idle socket beside the module's fog (the e2e step, one
+    giant at a time, started a second fog for it alone)."""
     ctx = ssl.create_default_context(cafile=fog.ca)
     ctx.check_hostname = False
     ctx.load_cert_chain(*fog.cert)
