@@ -1,9 +1,12 @@
-"""What the fog's front ends (control, status, metrics, the HTTP API) may use of the running fog.
+"""What the fog's front ends (control, status, metrics, the HTTP API, the site page) may use of it.
 
-A structural type: ``FogService`` satisfies it without naming it, so these modules depend on
-this small surface instead of on the service module that imports them (no import cycle).
-Reads of the site's decisions go through ``core`` (``SiteCore.view()`` for read-only use) or the
-aliases below, on the owner thread (``call``).
+A structural type: ``FogService`` satisfies it without naming it, so the front ends depend on this
+small surface, never on the service module that imports them (no import cycle; keep it out of
+``service.py``). They read the site only through ``snapshot()`` -- a frozen ``SiteSnapshot`` any
+thread may hold -- and change it only through ``apply(event)``; the registry, the controller and
+the router are not here (an import contract in pyproject.toml keeps them out of the front ends).
+The rest are the process's I/O services: the trust database, the store, the artifacts, the
+release book, the ingest and control counters, signing and the clock's origin.
 """
 from __future__ import annotations
 
@@ -16,24 +19,17 @@ from runtime.messages import InferenceResult
 from runtime.topics import Topics
 
 from .artifacts import ArtifactBuilder
-from .controller import Controller
-from .registry import Registry
 from .releases import ReleaseBook
-from .router import Router
 from .site import Site
-from .site_core import SiteCore
+from .snapshot import SiteSnapshot
 from .store import Store
 
-__all__ = ["FogShell"]
+__all__ = ["FogPort"]
 
 
-class FogShell(Protocol):
+class FogPort(Protocol):
     config: Any          # fog_broker.service.ServiceConfig
-    core: SiteCore
-    registry: Registry
-    controller: Controller
-    router: Router
-    counters: Counter[str]
+    counters: Counter[str]  # the site's counters: a front end counts its refusals here
     topics: Topics
     epoch: int
     started_mono: float
@@ -45,6 +41,11 @@ class FogShell(Protocol):
     ingest: Any          # fog_broker.ingest.Ingest
     control: Any         # fog_broker.control.ControlPlane
 
+    def snapshot(self, max_age_s: float | None = None, timeout: float = 5.0) -> SiteSnapshot:
+        """The site now (owner thread: fresh) or at most ``max_age_s`` old (any thread; waits up to
+        ``timeout`` for the owner to build a newer one, then gives the newest it has)."""
+        ...
+
     def status(self, now: float | None = None, **page: Any) -> dict[str, Any]: ...
     def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any: ...
     def infer(self, workload: str, tensors: Mapping[str, Any], timeout: float = 5.0,
@@ -55,5 +56,3 @@ class FogShell(Protocol):
     def collect_blobs(self) -> None: ...
     def publish_signed(self, topic: str, msg: Any, *, retain: bool = False) -> None: ...
     def refused(self, kind: str, sender: str) -> None: ...
-
-
