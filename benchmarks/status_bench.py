@@ -13,8 +13,10 @@ Two modes, side by side in one run, same process, same threads:
 - ``lane``: control requests are taken ahead of it, and status reads the site core's snapshot
   (``control_lane=True``, the default).
 
-Reported per mode: status latency p50 / p99 / max (seconds), requests answered, inference
-requests the fog took meanwhile; the ratio of the p99s. JSON on stdout and in out/bench/status.json.
+Reported per mode: status latency p50 / p99 / max (seconds; a status not answered within the
+client's 30 s counts as failed), requests answered, the inbox's depth (at least ``FILL`` before
+the first request) and the inference requests offered per second meanwhile; the ratio of the
+p99s. JSON on stdout and in out/bench/status.json.
 
 Run: ``python -m benchmarks.status_bench [--quick]`` (or ``fogline bench status``).
 """
@@ -32,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks._emit import emit, run_header
+
+FILL = 20_000  # inference requests waiting in the owner's inbox before the first status request
 
 
 def _pct(xs: Sequence[float], q: float) -> float | None:
@@ -72,9 +76,14 @@ def _phase(tmp: Path, port: int, lane: bool | None, asks: int, flooders: int) ->
             threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(flooders)]
             for t in threads:
                 t.start()
-            time.sleep(2.0)  # the inbox fills
+            until = time.monotonic() + 20.0
+            while svc.inbox.qsize() < FILL and time.monotonic() < until:  # the inbox fills
+                time.sleep(0.05)
             depth = svc.inbox.qsize()
+            depths: list[int] = []
+            t_start, sent_start = time.monotonic(), sum(sent)
             for _ in range(asks):
+                depths.append(svc.inbox.qsize())
                 t0 = time.perf_counter()
                 try:
                     c.status(timeout=30.0, limit=100)
@@ -82,6 +91,8 @@ def _phase(tmp: Path, port: int, lane: bool | None, asks: int, flooders: int) ->
                 except Exception:  # noqa: BLE001 - a status that did not come back is counted
                     failed += 1
                 time.sleep(0.05)
+            elapsed = time.monotonic() - t_start
+            offered = sum(sent) - sent_start
             stop.set()
             for t in threads:
                 t.join(5)
@@ -89,8 +100,9 @@ def _phase(tmp: Path, port: int, lane: bool | None, asks: int, flooders: int) ->
         stop.set()
         svc.stop()
     return {"asks": asks, "answered": len(took), "failed": failed, "inbox_depth_at_start": depth,
+            "inbox_depth_median": sorted(depths)[len(depths) // 2] if depths else None,
             "p50_s": _pct(took, 0.5), "p99_s": _pct(took, 0.99), "max_s": round(max(took), 4) if took else None,
-            "inference_requests_offered": sum(sent)}
+            "inference_offered_per_s": round(offered / elapsed, 1) if elapsed > 0 else None}
 
 
 def run(quick: bool) -> dict[str, Any]:
