@@ -40,13 +40,13 @@ from runtime.net import is_loopback
 from . import oip
 from .api_auth import Principal, authorize, cert_principal, verify_token
 from .http_limits import ConnectionTable, HttpLimits
-from .snapshot import SiteSnapshot, WorkloadRow
 from .trust import TrustError
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from .port import FogPort
+    from .snapshot import SiteSnapshot, WorkloadRow
 
 __all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY", "MAX_TENSOR_BYTES", "HttpLimits"]
 

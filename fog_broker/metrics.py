@@ -32,9 +32,6 @@ from prometheus_client.exposition import choose_encoder
 
 from runtime.metric_families import Families
 
-from .snapshot import thaw
-from .status import site_status
-
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -144,15 +141,16 @@ def snapshot(svc: FogPort, now: float | None = None, timeout: float = SCRAPE_TIM
     not build a snapshot within ``timeout``)."""
     now = time.monotonic() if now is None else now
     site = svc.snapshot(max_age_s, timeout)
-    doc = site_status(svc, now, site, limit=0)
+    doc = svc.status(now, snapshot=site, limit=0)
     identities = [{"role": r.role, "revoked": bool(r.revoked)} for r in svc.site.db.identities()]
     return {
         "status": doc,
-        "service": _copy_counter(svc.counters),        # the status merges these with ingest's: keep apart
+        "service": dict(site.counters),                # the status merges these with ingest's: keep apart
         "ingest": _copy_counter(svc.ingest.counts()),
         "recoveries_s": list(site.recoveries_s),       # all of them (status keeps 50)
         "in_flight": site.in_flight,
-        "latency": thaw(site.latency),
+        "latency": {w: {"bounds": tuple(h["bounds"]), "counts": tuple(h["counts"]), "sum": float(h["sum"])}
+                    for w, h in site.latency.items()},
         "identities": identities,
     }
 

@@ -10,19 +10,20 @@ release book, the ingest and control counters, signing and the clock's origin.
 """
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from runtime.messages import InferenceResult
-from runtime.topics import Topics
+if TYPE_CHECKING:  # annotations only: the port itself imports nothing of the fog
+    from collections import Counter, deque
+    from collections.abc import Callable, Mapping
+    from concurrent.futures import Future
 
-from .artifacts import ArtifactBuilder
-from .releases import ReleaseBook
-from .site import Site
-from .snapshot import SiteSnapshot
-from .store import Store
+    from runtime.messages import InferenceResult
+    from runtime.topics import Topics
+
+    from .artifacts import ArtifactBuilder
+    from .site import Site
+    from .snapshot import SiteSnapshot
+    from .store import ReleaseBook, Store
 
 __all__ = ["FogPort"]
 
@@ -46,7 +47,8 @@ class FogPort(Protocol):
         ``timeout`` for the owner to build a newer one, then gives the newest it has)."""
         ...
 
-    def status(self, now: float | None = None, **page: Any) -> dict[str, Any]: ...
+    def status(self, now: float | None = None, *, snapshot: SiteSnapshot | None = None,
+               max_age_s: float | None = None, **page: Any) -> dict[str, Any]: ...
     def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any: ...
     def infer(self, workload: str, tensors: Mapping[str, Any], timeout: float = 5.0,
               stream: str = "") -> Future[InferenceResult]: ...

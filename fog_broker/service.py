@@ -78,7 +78,6 @@ from .controller import ControllerConfig, DeployPartition, Persist, UndeployPart
 from .ingest import DEVICE_SHARE, RESULT, Heard, HeardBatch, Ingest
 from .placement.model import Quota
 from .ratelimit import Copies, acl_shut_out
-from .releases import ReleaseBook
 from .router import ReplyClient, RouterConfig, SendActivation
 from .site import Site
 from .site_core import (
@@ -103,7 +102,7 @@ from .site_core import (
     WiresMeasured,
 )
 from .status import site_status
-from .store import Store, StoredAssignment
+from .store import ReleaseBook, Store, StoredAssignment
 
 __all__ = ["ServiceConfig", "FogService", "default_schedule", "MAX_CONTROL_BYTES"]
 
@@ -895,9 +894,11 @@ class FogService:
         summary = FleetSummary(self.config.fog_id, self.config.site, time.time(), self.registry.summaries())
         self.publish_signed(self.topics.summary(), summary, retain=True)
 
-    def status(self, now: float | None = None, *, max_age_s: float | None = None, **page: Any) -> dict[str, Any]:
-        """Everything ``fogline status`` shows (any thread; ``max_age_s`` as ``snapshot``)."""
-        return site_status(self, time.monotonic() if now is None else now, self.snapshot(max_age_s), **page)
+    def status(self, now: float | None = None, *, snapshot: SiteSnapshot | None = None,
+               max_age_s: float | None = None, **page: Any) -> dict[str, Any]:
+        """Everything ``fogline status`` shows (any thread): of ``snapshot``, else of ``self.snapshot(max_age_s)``."""
+        snap = snapshot if snapshot is not None else self.snapshot(max_age_s)
+        return site_status(self, time.monotonic() if now is None else now, snap, **page)
 
     def snapshot(self, max_age_s: float | None = None, timeout: float = 5.0) -> SiteSnapshot:
         """The site as a frozen value. On the owner thread (or before it runs): built now if anything

@@ -57,7 +57,7 @@ from .registry import (
 )
 from .router import ReplyClient, Router, RouterConfig, SendActivation
 from .slow_stages import SlowStageConfig, SlowStages, StageSample, planned_stage_s
-from .snapshot import SiteSnapshot, build
+from .snapshot import SiteSnapshot, build, counter_copy, freeze
 
 __all__ = [
     "SiteCoreConfig", "SiteCore", "SiteSnapshot",
@@ -301,6 +301,10 @@ class SiteCore:
             releases = {n: {**r["metadata"], "version": r["version"], "signer": r["signer"], "model": r["model"]}
                         for n, r in self.releases.items()}
             snap = self._snapshot = build(self, now, self.generation, releases)
+        else:  # the shell counts here too, between events: its counters are always as of now
+            counters = counter_copy(self.counters)
+            if counters != snap.counters:
+                snap = self._snapshot = replace(snap, counters=freeze(counters))
         return snap
 
     def mark_dirty(self) -> None:

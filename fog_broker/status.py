@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .snapshot import SiteSnapshot, counter_copy, thaw
+from .snapshot import SiteSnapshot, thaw
 
 if TYPE_CHECKING:
     from .port import FogPort
@@ -28,7 +28,7 @@ def site_status(svc: FogPort, now: float, snap: SiteSnapshot, *, offset: int = 0
     offset = max(0, int(offset))
     pending = {d.device_id: d.state for d in svc.site.db.devices() if d.state != "approved"}
     counts = snap.device_counts
-    counters: Counter[str] = Counter(counter_copy(svc.counters))  # live: the shell's threads count there too
+    counters: Counter[str] = Counter(snap.counters)
     counters.update(svc.ingest.counts())
     counters.update({f"control.{k}": v for k, v in svc.control.counters.items()})
     counters.update(snap.core_counters)
