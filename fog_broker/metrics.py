@@ -32,6 +32,8 @@ from prometheus_client.exposition import choose_encoder
 
 from runtime.metric_families import Families
 
+from .snapshot import counter_copy
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -125,16 +127,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 # ------------------------------------------------------------------ any thread
 
 
-def _copy_counter(c: Any) -> dict[str, int]:
-    """A dict copy of a Counter another thread may be inserting into (retry a racing iteration)."""
-    for _ in range(5):
-        try:
-            return {str(k): int(v) for k, v in dict(c).items()}
-        except RuntimeError:  # "dictionary changed size during iteration"
-            continue
-    return {}
-
-
 def snapshot(svc: FogPort, now: float | None = None, timeout: float = SCRAPE_TIMEOUT_S,
              max_age_s: float | None = None) -> dict[str, Any]:
     """What one scrape needs, as plain data (any thread; ``TimeoutError`` when the owner thread does
@@ -146,7 +138,7 @@ def snapshot(svc: FogPort, now: float | None = None, timeout: float = SCRAPE_TIM
     return {
         "status": doc,
         "service": dict(site.counters),                # the status merges these with ingest's: keep apart
-        "ingest": _copy_counter(svc.ingest.counts()),
+        "ingest": counter_copy(svc.ingest.counts()),
         "recoveries_s": list(site.recoveries_s),       # all of them (status keeps 50)
         "in_flight": site.in_flight,
         "latency": {w: {"bounds": tuple(h["bounds"]), "counts": tuple(h["counts"]), "sum": float(h["sum"])}
