@@ -41,7 +41,7 @@ from .site_core import RemoveWorkload, SetQuotas, SetWorkload
 from .trust import deploy_ref_allowed, may_control
 
 if TYPE_CHECKING:
-    from .shell import FogShell as FogService
+    from .port import FogPort
 
 __all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "RELEASE", "RELEASE_TOPIC", "ControlPlane", "json_default",
            "misaddressed", "refusal_id"]
@@ -90,7 +90,7 @@ def json_default(obj: Any) -> Any:
 class ControlPlane:
     """Verifies and runs control requests on the service's owner thread."""
 
-    def __init__(self, svc: FogService) -> None:
+    def __init__(self, svc: FogPort) -> None:
         self.svc = svc
         self.keys = TrustStore()          # operators, coordinators, apps: name -> signing key
         self.roles: dict[str, str] = {}
@@ -259,7 +259,7 @@ class ControlPlane:
         d = dict(d)
         model = d.get("model")
         if isinstance(model, str) and model.startswith("release:"):
-            rel = svc.releases.get(model[len("release:"):])
+            rel = svc.releases.get(model[len("release:"):])  # the book: what the bytes are
             if rel is None:
                 raise RemoteViolation(f"no release of {model[8:]!r} has reached this fog broker yet")
             d["model"] = rel["model"]
@@ -314,12 +314,16 @@ class ControlPlane:
         quotas = body.get("quotas") or {}
         qs = {str(t): Quota.from_dict(q, f"quotas.{t}") for t, q in quotas.items()}
         out = []
+        site = svc.snapshot()  # owner thread: the site as it is now
+        models: dict[str, str | None] = {}  # a name deployed twice in one request: its first model
         for d, w in parsed:
-            old = svc.controller.workloads.get(w.name)
+            old = site.workload(w.name)
+            had = models.get(w.name, old.model if old is not None else w.model)
+            models[w.name] = w.model
             # release:NAME resolving to other bytes is a new version even when the spec text is the same
             version = svc.store.put_workload(d, w.profile.to_dict() if w.profile else None, time.time(),
-                                             new_model=old is not None and old.spec.model != w.model)
-            svc.apply(SetWorkload(w, version))
+                                             new_model=had != w.model)
+            svc.apply(SetWorkload(w, version, str(d.get("model") or "")))
             out.append({"name": w.name, "version": version,
                         "segments": len(w.profile.segments) if w.profile else 0})
         if qs:
@@ -331,7 +335,7 @@ class ControlPlane:
     def delete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         svc = self.svc
         name = str(body.get("name", ""))
-        if name not in svc.controller.workloads:
+        if svc.snapshot().workload(name) is None:
             raise RemoteViolation(f"no workload named {name!r}")
         svc.apply(RemoveWorkload(name))
         svc.store.delete_workload(name)

@@ -3,8 +3,9 @@
 A thin adapter on its own asyncio loop thread (aiohttp): it authenticates the
 caller (``api_auth``), parses and checks the request (``oip``), and hands the
 tensors to ``FogService.infer`` -- the same router, failover and result checks
-as a request over MQTT -- then encodes the answer. The owner thread is asked
-(``svc.call``) only for a snapshot of the workloads, refreshed in the
+as a request over MQTT -- then encodes the answer. What it knows of the
+workloads is the site core's frozen snapshot (``svc.snapshot``: the owner
+thread builds one between two inbox items when asked), refreshed in the
 background at most every ``refresh_s`` and at once when a request names a
 workload the snapshot does not know or finds not ready.
 
@@ -29,7 +30,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,8 @@ from .trust import TrustError
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .shell import FogShell as FogService
+    from .port import FogPort
+    from .snapshot import SiteSnapshot, WorkloadRow
 
 __all__ = ["HttpApi", "AIOHTTP_MISSING", "require_aiohttp", "MAX_BODY", "MAX_TENSOR_BYTES", "HttpLimits"]
 
@@ -72,32 +73,8 @@ def require_aiohttp() -> None:
         raise LocalViolation(AIOHTTP_MISSING) from None
 
 
-@dataclass(frozen=True, slots=True)
-class _Workload:
-    name: str
-    version: int
-    model: str | None
-    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    status: str
-    reasons: tuple[tuple[str, str], ...]
-    ready: bool
-    slo_s: float | None = None  # the deadline of a request without parameters.timeout
-
-    def why_not_ready(self) -> str:
-        if self.reasons:
-            return "; ".join(f"{k}: {v}" for k, v in self.reasons)
-        return f"status {self.status}, no healthy replica chain yet"
-
-
-def _snapshot(svc: FogService) -> tuple[dict[str, _Workload], bool]:
-    """Owner thread: what the HTTP side needs of the controller, as immutable values."""
-    c = svc.controller
-    out = {}
-    for name, e in c.workloads.items():
-        out[name] = _Workload(name, int(e.version), e.spec.model, tuple(e.spec.input_shapes), str(e.status),
-                              tuple((str(k), str(v)) for k, v in e.reasons.items()), bool(c.chains(name)),
-                              e.spec.slo_s)
-    return out, bool(c.ready)
+def _workloads(snap: SiteSnapshot) -> dict[str, WorkloadRow]:
+    return {w.name: w for w in snap.workloads}
 
 
 _FAILURE_STATUS = {"unknown": 404, "not ready": 503, "overloaded": 503, "timeout": 504, "failed": 500}
@@ -124,7 +101,7 @@ def _result_error(name: str, res: Any, past_deadline: bool = False) -> oip.Proto
 class _Identities:
     """trust.db's identities as seen by this thread: re-read when ``TrustDB.version()`` moves."""
 
-    def __init__(self, svc: FogService) -> None:
+    def __init__(self, svc: FogPort) -> None:
         self.db = svc.site.db
         self.version = -1
         self.records: dict[str, Any] = {}
@@ -152,7 +129,7 @@ class _Identities:
 class HttpApi:
     """The Open Inference Protocol server of one ``FogService``: ``start()``, then ``stop()``."""
 
-    def __init__(self, svc: FogService, host: str, port: int, *, tls_dir: Path | None,
+    def __init__(self, svc: FogPort, host: str, port: int, *, tls_dir: Path | None,
                  default_timeout_s: float = 5.0, max_body: int = MAX_BODY, refresh_s: float = 0.25,
                  limits: HttpLimits | None = None) -> None:
         require_aiohttp()
@@ -173,13 +150,13 @@ class HttpApi:
         self._listener: asyncio.Server | None = None
         self._ids = _Identities(svc)
         self._tokens: dict[str, tuple[str, bytes, Principal]] = {}  # token -> (name, key, principal)
-        self._workloads: dict[str, _Workload] = {}
+        self._workloads: dict[str, WorkloadRow] = {}
         self._fog_ready = False
         self._snap_at = -math.inf          # when the snapshot in use was asked for (monotonic)
         self._refreshing: asyncio.Task[None] | None = None
         self._refresh_asked = -math.inf    # when the refresh in flight was asked for
         self._specs: dict[tuple[Any, ...], oip.ModelSpec] = {}
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-call")  # svc.call, io_spec
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-call")  # snapshots, io_spec
         self._codec_pool = ThreadPoolExecutor(2, thread_name_prefix="fog-http-codec")  # large bodies
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: Any = None
@@ -190,11 +167,16 @@ class HttpApi:
     def extend(self, register: Callable[[web.Application, HttpApi], None]) -> None:
         """Add routes (the site page, metrics) before ``start()``: ``register(app, api)`` is called with
         the aiohttp application. Handlers run on this server's loop; they authenticate with
-        ``api.principal(request, right)`` and read the fog with ``await api.owner_call(fn)``; a
+        ``api.principal(request, right)`` and read the fog with ``await api.off_loop(api.svc.snapshot)``; a
         ``TrustError`` or ``oip.ProtocolError`` they raise is answered as ``{"error": ...}``."""
         if self._runner is not None:
             raise LocalViolation("HttpApi.extend() after start()")
         self._extensions.append(register)
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this server's thread pool (a snapshot the owner thread is building, a file
+        read) without blocking this loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def owner_call(self, fn: Callable[[], Any], timeout: float = 5.0) -> Any:
         """``svc.call(fn)`` (``fn`` runs on the fog's owner thread) without blocking this loop."""
@@ -447,9 +429,9 @@ class HttpApi:
     # ------------------------------------------------------------ workloads
 
     async def _refresh(self, asked: float) -> None:
-        snap, ready = await self.owner_call(lambda: _snapshot(self.svc))
+        snap = await self.off_loop(self.svc.snapshot, 0.0)
         if asked >= self._snap_at:  # never replace a newer snapshot by an older one that finished later
-            self._workloads, self._fog_ready, self._snap_at = snap, ready, asked
+            self._workloads, self._fog_ready, self._snap_at = _workloads(snap), snap.ready, asked
 
     def _start_refresh(self) -> asyncio.Task[None]:
         self._refresh_asked = time.monotonic()
@@ -473,7 +455,7 @@ class HttpApi:
         if time.monotonic() - self._snap_at > self.refresh_s and (self._refreshing is None or self._refreshing.done()):
             self._start_refresh()
 
-    async def _workload(self, name: str, version: str | None) -> _Workload:
+    async def _workload(self, name: str, version: str | None) -> WorkloadRow:
         w = self._workloads.get(name)
         if w is None:
             await self._fresh()
@@ -488,13 +470,13 @@ class HttpApi:
                                          f"(current: {w.version})")
         return w
 
-    async def _ready_workload(self, w: _Workload) -> _Workload:
+    async def _ready_workload(self, w: WorkloadRow) -> WorkloadRow:
         if not w.ready:
             await self._fresh()
             w = self._workloads.get(w.name, w)
         return w
 
-    async def _spec(self, w: _Workload) -> oip.ModelSpec:
+    async def _spec(self, w: WorkloadRow) -> oip.ModelSpec:
         key = (w.name, w.version, w.model, w.input_shapes)
         spec = self._specs.get(key)
         if spec is None:

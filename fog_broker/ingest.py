@@ -60,14 +60,30 @@ from runtime.topics import ACK, BIRTH, DEATH, STATE, parse
 
 from ._verify_pool import looks_mac, open_session
 from .ratelimit import LIVE, OVER, QUARANTINED, Budget, FairShare, LogLimit, SharePolicy
+from .site_core import Ack, Advert, AdvertRejected, ClaimFlags, Event, SessionMissing
 from .trust import bound_birth
 
-__all__ = ["DEVICE_SHARE", "FAILED", "RESULT", "STOP", "Ingest"]
+__all__ = ["DEVICE_SHARE", "FAILED", "RESULT", "STOP", "Heard", "HeardBatch", "Ingest"]
 
 log = logging.getLogger("fog_broker.ingest")
 
 STOP = object()
-Out = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A verified device input for the site core and when it arrived (monotonic, the MQTT worker's)."""
+    event: Event
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeardBatch:
+    """One shard's verified inputs, in the order they arrived: the owner thread's liveness lane."""
+    items: tuple[Heard, ...]
+
+
+Out = list[Heard]
 
 RESULT = "RESULT"  # a hop's answer on reply/{fog}/{device} (the data plane)
 
@@ -284,7 +300,7 @@ class Ingest:
                 shard.counters["internal_errors"] += 1
                 log.exception("ingest failed for a batch of %d", len(work))
             if out:
-                self.emit(("batch", out))
+                self.emit(HeardBatch(tuple(out)))
             if stop:
                 if shard.worker is not None:
                     shard.worker.close()
@@ -305,7 +321,7 @@ class Ingest:
             self._fail(shard, pt, "topic mismatch")
             return
         shard.counters["in:DEATH"] += 1
-        out.append(("advert", msg, m.received_at))
+        out.append(Heard(Advert(msg), m.received_at))
 
     def _accept(self, shard: _Shard, m: Inbound, pt: Any, sender: str, msg: Any, out: Out) -> None:
         """Checks after a valid signature: topic, sender and kind agree; a birth carries the pinned key."""
@@ -325,13 +341,15 @@ class Ingest:
             if flags:
                 shard.counters["flagged:capacity"] += 1
                 log.warning("%s: birth claims out of bounds (%s); clamped", pt.name, ", ".join(flags))
-            out.append(("flags", pt.name, flags))  # every birth: a clean one clears earlier flags
+            # every birth: a clean one clears earlier flags
+            out.append(Heard(ClaimFlags(pt.name, tuple(flags)), m.received_at))
         elif not ((pt.leaf == STATE and isinstance(msg, DeviceState))
                   or (pt.leaf == ACK and isinstance(msg, CommandAck))):
             self._fail(shard, pt, "wrong kind")
             return
         shard.counters[f"in:{pt.leaf}"] += 1
-        out.append(("ack" if pt.leaf == ACK else "advert", msg, m.received_at))
+        out.append(Heard(Ack(msg.device_id, msg.command_id, msg.ok, msg.reason) if pt.leaf == ACK
+                         else Advert(msg), m.received_at))
 
     def _rejected(self, shard: _Shard, m: Inbound, pt: Any, reason: str, detail: str, out: Out,
                   bad: OutOfRange | None = None) -> None:
@@ -341,17 +359,16 @@ class Ingest:
             # advert carries a figure outside runtime.messages' ranges. The device is shown as
             # rejected with the field and value and holds nothing until a clean birth.
             shard.counters["rejected:out of range"] += 1
-            what = f"{bad.owner}.{bad.field}={bad.value!r}"
             if shard.logs.allow(pt.name, m.received_at):
                 log.warning("%s: %s refused, %s=%r out of range", pt.name, bad.owner, bad.field, bad.value)
-            out.append(("bad_advert", pt.name, what, m.received_at))
+            out.append(Heard(AdvertRejected(pt.name, f"{bad.owner}.{bad.field}", repr(bad.value)), m.received_at))
             return
         self._fail(shard, pt, reason)
         log.debug("rejected %s: %s", m.topic, detail)
         if (reason == NO_SESSION and pt.leaf != BIRTH) or reason == OUTSIDE_WINDOW:
             # an enrolled device we lost the session of, or whose clock is off (it corrects it from
             # our time hints): ask for a fresh birth, rate-limited by the registry and the service
-            out.append(("rebirth", pt.name, m.received_at))
+            out.append(Heard(SessionMissing(pt.name), m.received_at))
 
     def _local(self, shard: _Shard, m: Inbound, pt: Any, out: Out) -> None:
         if pt.leaf == DEATH:

@@ -1,7 +1,8 @@
 """Prometheus metrics of a fog broker, read from its state when scraped (``render(svc)``).
 
-A custom collector, not instrumented code: each scrape asks the owner thread
-(``svc.call``) for one snapshot -- the ``fogline status`` document without its
+A custom collector, not instrumented code: each scrape reads the site core's
+frozen snapshot (``svc.snapshot``: built by the owner thread between two inbox
+items, never queued behind them) -- the ``fogline status`` document without its
 device rows, plus the few raw figures that document merges or trims -- and
 ``families(snapshot)`` turns it into metric families. The cores' own counters
 are the only counts (nothing is counted twice, nothing is added to the hot
@@ -11,11 +12,10 @@ this module has no name for yet appears under ``fogline_fog_events_total``.
 Serving: ``HttpApi.extend(register_http)`` adds ``GET /metrics`` to the fog's
 HTTP server (same authentication as the rest of the API, the ``status``
 right); elsewhere ``render(svc, accept)`` gives ``(body, content_type)`` (it
-blocks on the owner thread: call it off an event loop). Metric names and
+may wait for the owner thread's next snapshot: call it off an event loop). Metric names and
 labels are listed in ``METRICS`` (the Grafana dashboard under ``deploy/`` uses
-them, a test checks it). Inference latency histograms come from the router's
-``latency_histograms`` (workload -> ``LatencyHistogram``: bucket bounds,
-per-bucket counts, sum), read at scrape time; without it that family is empty.
+them, a test checks it). Inference latency histograms come from the snapshot's
+``latency`` (workload -> bucket bounds, per-bucket counts, sum: the router's).
 """
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ from prometheus_client.exposition import choose_encoder
 
 from runtime.metric_families import Families
 
+from .snapshot import counter_copy
+
 if TYPE_CHECKING:
     from aiohttp import web
 
     from .http_api import HttpApi
-    from .shell import FogShell as FogService
+    from .port import FogPort
 
 __all__ = ["METRICS", "PREFIX", "RECOVERY_BUCKETS_S", "FogCollector", "exposition", "families", "register_http",
            "render", "scrape_families", "snapshot"]
@@ -122,34 +124,25 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 
 
-# ------------------------------------------------------------------ owner thread
+# ------------------------------------------------------------------ any thread
 
 
-def _copy_counter(c: Any) -> dict[str, int]:
-    """A dict copy of a Counter another thread may be inserting into (retry a racing iteration)."""
-    for _ in range(5):
-        try:
-            return {str(k): int(v) for k, v in dict(c).items()}
-        except RuntimeError:  # "dictionary changed size during iteration"
-            continue
-    return {}
-
-
-def snapshot(svc: FogService, now: float | None = None) -> dict[str, Any]:
-    """What one scrape needs, as plain data (call it on the owner thread: ``svc.call``)."""
+def snapshot(svc: FogPort, now: float | None = None, timeout: float = SCRAPE_TIMEOUT_S,
+             max_age_s: float | None = None) -> dict[str, Any]:
+    """What one scrape needs, as plain data (any thread; ``TimeoutError`` when the owner thread does
+    not build a snapshot within ``timeout``)."""
     now = time.monotonic() if now is None else now
-    doc = svc.status(now, limit=0)
-    hist = getattr(svc.router, "latency_histograms", None)  # fog_broker.router: see the module docstring
-    latency = {w: {"bounds": tuple(h.bounds), "counts": tuple(h.counts), "sum": float(h.total_s)}
-               for w, h in (hist or {}).items()}
+    site = svc.snapshot(max_age_s, timeout)
+    doc = svc.status(now, snapshot=site, limit=0)
     identities = [{"role": r.role, "revoked": bool(r.revoked)} for r in svc.site.db.identities()]
     return {
         "status": doc,
-        "service": _copy_counter(svc.counters),        # the status merges these with ingest's: keep apart
-        "ingest": _copy_counter(svc.ingest.counts()),
-        "recoveries_s": [float(x) for x in svc.controller.recoveries],  # all of them (status keeps 50)
-        "in_flight": len(svc.router),
-        "latency": latency,
+        "service": dict(site.counters),                # the status merges these with ingest's: keep apart
+        "ingest": counter_copy(svc.ingest.counts()),
+        "recoveries_s": list(site.recoveries_s),       # all of them (status keeps 50)
+        "in_flight": site.in_flight,
+        "latency": {w: {"bounds": tuple(h["bounds"]), "counts": tuple(h["counts"]), "sum": float(h["sum"])}
+                    for w, h in site.latency.items()},
         "identities": identities,
     }
 
@@ -418,14 +411,14 @@ def exposition(fams: list[Metric], accept: str | None = None) -> tuple[bytes, st
 class FogCollector:
     """A ``prometheus_client`` collector over one running ``FogService`` (reads its state when scraped)."""
 
-    def __init__(self, svc: FogService, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
+    def __init__(self, svc: FogPort, timeout_s: float = SCRAPE_TIMEOUT_S) -> None:
         self.svc = svc
         self.timeout_s = timeout_s
 
     def collect(self) -> Iterator[Metric]:
         t0 = time.monotonic()
         try:
-            snap = self.svc.call(lambda: snapshot(self.svc), timeout=self.timeout_s)
+            snap = snapshot(self.svc, timeout=self.timeout_s)
         except TimeoutError:
             snap = None
         yield from scrape_families(snap, time.monotonic() - t0)
@@ -434,11 +427,11 @@ class FogCollector:
         return []  # nothing to check at registration: the names are fixed by METRICS
 
 
-def render(svc: FogService, accept: str | None = None) -> tuple[bytes, str]:
+def render(svc: FogPort, accept: str | None = None) -> tuple[bytes, str]:
     """The ``/metrics`` answer: ``(body, content_type)``; OpenMetrics when ``accept`` asks for it.
 
-    Blocks until the owner thread answers (at most ``SCRAPE_TIMEOUT_S``): call it off an event loop
-    (``register_http`` does).
+    May wait for the owner thread's next snapshot (at most ``SCRAPE_TIMEOUT_S``): call it off an
+    event loop (``register_http`` does).
     """
     return exposition(list(FogCollector(svc).collect()), accept)
 
@@ -447,8 +440,8 @@ def register_http(app: web.Application, api: HttpApi, *, right: str = "status") 
     """``GET /metrics`` on the fog's HTTP server (``HttpApi.extend(metrics.register_http)``).
 
     Callers authenticate as on the rest of the API (site-CA client certificate or API token) and
-    need ``right`` (``status``: operators and coordinators). The snapshot is taken on the owner
-    thread without blocking the server's loop (``api.owner_call``).
+    need ``right`` (``status``: operators and coordinators). The snapshot is read off the server's
+    loop (``api.off_loop``).
     """
     from aiohttp import web
 
@@ -456,7 +449,7 @@ def register_http(app: web.Application, api: HttpApi, *, right: str = "status") 
         api.principal(request, right)
         t0 = time.monotonic()
         try:
-            snap = await api.owner_call(lambda: snapshot(api.svc), timeout=SCRAPE_TIMEOUT_S)
+            snap = await api.off_loop(snapshot, api.svc)
         except TimeoutError:
             snap = None
         body, content_type = exposition(scrape_families(snap, time.monotonic() - t0),

@@ -12,9 +12,14 @@ Jobs live in their own modules; this one wires them and owns the loop:
 
 Threads and who owns what: paho's network thread only enqueues; the MQTT
 worker routes device messages to ingest and decodes the rest; the artifact
-thread splits, hashes and signs partitions; the owner thread holds the
-registry, the controller, the router and the store, pumps the inbox, runs the
-cores and their commands, and the timers (liveness, reconcile, summary, time).
+thread splits, hashes and signs partitions; the owner thread holds the site
+core (registry, controller, router) and the store, pumps the inbox (typed
+items, each a core event or a job for the shell), runs the core and carries
+out its commands, and the timers (liveness, reconcile, summary, time). The
+front ends get this object as a ``FogPort`` (``port.py``): they read the
+site's frozen ``SiteSnapshot``, which the owner builds when one is asked for,
+so status, metrics and the HTTP API never wait in the inbox; control requests
+(``status`` included) have their own lane ahead of it (``control_lane``).
 
 Inputs name their sender in the topic (``fog/CTL/{id}``, ``fog/INFER/{id}``,
 ``reply/{fog}/{device}``, ``dev/{id}/...``) and the broker's ACL lets only that
@@ -42,7 +47,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +75,12 @@ from . import wires
 from .artifacts import ArtifactBuilder
 from .control import MAX_REQUEST_BYTES, RELEASE, RELEASE_TOPIC, ControlPlane, misaddressed
 from .controller import ControllerConfig, DeployPartition, Persist, UndeployPartition
-from .ingest import DEVICE_SHARE, RESULT, Ingest
+from .ingest import DEVICE_SHARE, RESULT, Heard, HeardBatch, Ingest
 from .placement.model import Quota
 from .ratelimit import Copies, acl_shut_out
-from .releases import ReleaseBook
 from .router import ReplyClient, RouterConfig, SendActivation
 from .site import Site
 from .site_core import (
-    Ack,
     Advert,
     AdvertRejected,
     AskRebirth,
@@ -85,29 +88,76 @@ from .site_core import (
     Built,
     ClaimFlags,
     DeviceRemoved,
+    FollowRelease,
     Infer,
     LogNote,
+    ReleaseAccepted,
+    Restore,
     Result,
     RouteUntrusted,
-    SessionMissing,
     SiteCore,
     SiteCoreConfig,
     SiteEvent,
+    SiteSnapshot,
+    WiresMeasured,
 )
 from .status import site_status
-from .store import Store, StoredAssignment
+from .store import ReleaseBook, Store, StoredAssignment
 
 __all__ = ["ServiceConfig", "FogService", "default_schedule", "MAX_CONTROL_BYTES"]
 
 log = logging.getLogger("fog_broker.service")
 
 _STOP = object()
-_WAKE = ("wake",)  # a live item is waiting (the owner blocks on the inbox)
 _RELEASE = RELEASE
 _PING = "__fog_self_ping__"
 _LOCAL = "local:"  # reply_to of requests from this process (never an MQTT topic: no '/')
 MAX_CONTROL_BYTES = MAX_REQUEST_BYTES
 MAX_ADVERT_BYTES = 64 * 1024
+
+
+# ------------------------------------------------------------------ the owner's inbox (typed items)
+# Core events (Built, BuildFailed, WiresMeasured from the artifact thread; ingest's Heard batches)
+# go to the site core as they are; these are the shell's own jobs.
+
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    """A live or control item is waiting in its lane (the owner blocks on the inbox)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Other:
+    """A decoded control request, inference request, hop result or release, to authenticate."""
+    kind: str
+    msg: Any
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _LocalInfer:
+    """A request from a front end of this process (the HTTP API)."""
+    request: InferenceRequest
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    fn: Callable[[], Any]
+    future: Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _SyncTrust:
+    """trust.db changed in another thread of this process: re-read it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _RebirthAll:
+    """The fog (re)connected: every device is asked for a fresh birth."""
+    reason: str
+
+
+_WAKE = _Wake()
 
 
 def default_schedule() -> Callable[..., Any]:
@@ -141,6 +191,9 @@ class ServiceConfig:
     verify_processes: bool = False     # verify in worker processes (one per shard) instead of threads
     max_rebirths_per_s: float = 200.0  # all devices together: a flood cannot make the fog a flood
     fair_share: bool = True            # per-sender budgets at ingest and on fog/CTL (off: benchmarks)
+    # fog/CTL requests (status, deploy) are taken ahead of the inbox (budgeted per sender upstream);
+    # off: they wait behind inference requests and results, as before issue 31 (benchmarks)
+    control_lane: bool = True
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     router: RouterConfig = field(default_factory=RouterConfig)  # spread=False, admit=False: the old router
 
@@ -176,6 +229,14 @@ class FogService:
         # The devices' verified liveness traffic (adverts, births, deaths, acks): taken ahead of the
         # inbox, so a queue of control, inference or results never delays a device's states.
         self._live: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Control requests (status, deploy): taken ahead of the inbox too, after the devices' traffic.
+        self._control_lane: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # The newest snapshot of the site for other threads (``snapshot``), and whether one is wanted.
+        self._snap: SiteSnapshot | None = None
+        self._snap_seen = -math.inf  # when the owner last published it (monotonic): current as of then
+        self._snap_seq = 0           # publications so far: a waiter waits for the next one
+        self._snap_cond = threading.Condition()
+        self._snap_wanted = False
         # Inputs the owner thread refused after their check (bad signature, replayed, no right):
         # charged to their topic's sender by the MQTT worker, which owns the budgets.
         self._charges: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
@@ -191,7 +252,7 @@ class FogService:
         self.control = ControlPlane(self)
         if not c.fair_share:
             self.control.share = None
-        self.releases = ReleaseBook(c.data_dir / "releases.json")
+        self.releases = ReleaseBook(c.data_dir / "releases.json")  # persisted; the core keeps the state
         self.coordinators: dict[str, bytes] = {}
         self._on_acl, self._on_crl = on_acl, on_crl
         self._trust_version = -1
@@ -239,9 +300,10 @@ class FogService:
                         self.identity.public_key_bytes, time.time(), self.session.public_bytes, self._session_sig)
 
     def _load_desired(self) -> None:
-        now = time.monotonic()
-        self.controller.set_quotas({t: Quota(m) for t, m in self.store.quotas().items()})
+        """A restart: the stored workloads, quotas, assignments and releases, as one event for the core."""
+        from .controller import Assignment
         from .placement.model import Workload
+        workloads = []
         for sw in self.store.workloads():
             extra = sorted(k for k in sw.spec if k not in Workload.FIELDS)
             if extra:  # stored before unknown fields were refused: keep serving it, say what is ignored
@@ -252,15 +314,16 @@ class FogService:
             except RemoteViolation as exc:
                 log.error("stored workload %s is invalid, skipped: %s", sw.name, exc)
                 continue
-            self.controller.set_workload(spec, sw.version)
-        from .controller import Assignment
-        stored = [Assignment((a.workload, a.version, a.replica, a.index), a.device, a.first, a.last,
-                             sha256=a.sha256) for a in self.store.assignments()]
-        if self.controller.workloads:
-            wait = self.config.startup_wait_s
-            self.controller.config = replace(self.controller.config,
-                                             startup_wait_s=wait if wait is not None else self.config.state_interval_s)
-            self.controller.start_after_restart(now, stored)
+            workloads.append((spec, sw.version, str(sw.spec.get("model") or "")))
+        stored = tuple(Assignment((a.workload, a.version, a.replica, a.index), a.device, a.first, a.last,
+                                  sha256=a.sha256) for a in self.store.assignments())
+        wait = self.config.startup_wait_s
+        releases = tuple(ReleaseAccepted(n, int(r["version"]), str(r["model"]), str(r["signer"]),
+                                         dict(r.get("metadata") or {}))
+                         for n, r in self.releases.releases.items())
+        self.apply(Restore(tuple(workloads), {t: Quota(m) for t, m in self.store.quotas().items()}, stored,
+                           wait if wait is not None else self.config.state_interval_s, releases))
+        if workloads:
             log.info("restart: %d workloads, %d stored assignments; waiting for devices",
                      len(self.controller.workloads), len(stored))
 
@@ -313,7 +376,7 @@ class FogService:
 
     def _on_connected(self) -> None:  # MQTT worker thread
         self.mqtt.publish(self.topics.fog_state(), self._state_payload, retain=True)
-        self._put(("rebirth_all", "fog broker (re)connected"))
+        self._put(_RebirthAll("fog broker (re)connected"))
 
     def _on_fog_state(self, m: Inbound) -> None:  # MQTT worker thread
         """Our retained STATE is ours alone: anything else that appears there is replaced at once."""
@@ -331,7 +394,7 @@ class FogService:
 
     def trust_changed(self) -> None:
         """Another thread of this process changed trust.db (an enrolment): sync soon (any thread)."""
-        self._put(("sync_trust",))
+        self._put(_SyncTrust())
 
     def _sync_trust(self, now: float) -> None:
         """Re-read trust.db when it changed: devices, operators, coordinators, ACL and CRL."""
@@ -349,7 +412,7 @@ class FogService:
                 self.results.forget(name)
                 log.warning("device %s is no longer trusted (revoked or re-keyed): cut off", name)
                 self.counters["devices_revoked"] += 1
-                self._carry_out(self.core.handle(DeviceRemoved(name, "revoked"), now, time.time()))
+                self.apply(DeviceRemoved(name, "revoked"), now)
         for name, key in approved.items():
             if self.device_keys.key_bytes(name) is None:
                 self.device_keys.enroll(name, key)
@@ -403,6 +466,15 @@ class FogService:
             self.inbox.put_nowait(_WAKE)
         except queue.Full:
             pass
+
+    def _put_control(self, item: _Other) -> None:
+        """A control request: the owner takes it ahead of the inbox (MQTT worker). Bounded by the
+        senders' control budgets upstream (``control.CONTROL_SHARE``)."""
+        self._control_lane.put(item)
+        try:
+            self.inbox.put_nowait(_WAKE)
+        except queue.Full:
+            pass  # the owner is busy and looks at this lane between items
 
     def _sender_of(self, topic: str) -> tuple[str, str]:
         """(kind, sender) of an input topic: the id is the topic's last level, which the ACL lets only
@@ -463,7 +535,10 @@ class FogService:
                 and self._copies.seen(sender, msg.signature):
             self._charge(kind, sender, m.received_at, "replayed copy")  # a replay, however slow: no second check
             return
-        self._put(("other", kind, msg, m.received_at))
+        if kind == CTL and self.config.control_lane:
+            self._put_control(_Other(kind, msg, m.received_at))
+            return
+        self._put(_Other(kind, msg, m.received_at))
 
     def _known(self, kind: str, sender: str) -> bool:
         """An identity the fog issued or enrolled (only those get a memory of copies: bounded)."""
@@ -494,10 +569,15 @@ class FogService:
             while item is not None:
                 if item is _STOP:
                     return
-                live = self._live
+                live, ctl = self._live, self._control_lane
                 while not live.empty():  # the one taker: not empty -> get_nowait succeeds
                     self._dispatch_safely(live.get_nowait())
                     batch += 1
+                while not ctl.empty():
+                    self._dispatch_safely(ctl.get_nowait())
+                    batch += 1
+                if self._snap_wanted:
+                    self._publish_snapshot()
                 if item is _WAKE:
                     item = self._next_item()
                     continue
@@ -514,6 +594,8 @@ class FogService:
                     self.counters["internal_errors"] += 1
                     log.exception("tick failed")
                 next_tick = now + self.config.tick_s
+            if self._snap_wanted:
+                self._publish_snapshot()
 
     def _next_item(self) -> Any:
         try:
@@ -529,49 +611,41 @@ class FogService:
             log.warning("dropped input: %s", exc)
         except Exception:
             self.counters["internal_errors"] += 1
-            log.exception("owner loop failed on %r", item[0] if isinstance(item, tuple) else item)
+            log.exception("owner loop failed on %s", type(item).__name__)
 
-    def _dispatch(self, item: tuple[Any, ...]) -> None:
-        kind = item[0]
-        if kind == "batch":
-            for sub in item[1]:
-                self._dispatch(sub)
-        elif kind == "advert":
-            msg, at = item[1], item[2]
-            if msg.device_id not in self.device_keys:
-                return  # revoked while the advert was being verified
-            self._carry_out(self.core.handle(Advert(msg), at, time.time()))
-        elif kind == "ack":
-            msg, at = item[1], item[2]
-            self._carry_out(self.core.handle(Ack(msg.device_id, msg.command_id, msg.ok, msg.reason), at, time.time()))
-        elif kind == "flags":
-            if item[1] in self.device_keys:
-                self._carry_out(self.core.handle(ClaimFlags(item[1], tuple(item[2])), time.monotonic(), time.time()))
-        elif kind == "bad_advert":  # an enrolled device's signed advert failed validation
-            if item[1] in self.device_keys:
-                self._carry_out(self.core.handle(AdvertRejected(item[1], item[2]), item[3], time.time()))
-        elif kind == "wires":
-            self.router.set_wires(item[1], item[2].wires, item[2].to_dict())
-        elif kind == "built":
-            self._carry_out(self.core.handle(Built(item[1], item[2]), time.monotonic(), time.time()))
-        elif kind == "selfnack":
-            self._carry_out(self.core.handle(BuildFailed(item[1], item[2]), time.monotonic(), time.time()))
-        elif kind == "rebirth":
-            self._carry_out(self.core.handle(SessionMissing(item[1]), item[2], time.time()))
-        elif kind == "sync_trust":
-            self._sync_trust(time.monotonic())
-        elif kind == "rebirth_all":
-            self.publish_signed(self.topics.rebirth(), Rebirth("", item[1]))
-        elif kind == "other":
-            self._handle_other(item[1], item[2], item[3])
-        elif kind == "local_infer":
-            self.submit_inference(item[1], item[2])
-        elif kind == "call":
-            fn, fut = item[1], item[2]
-            try:
-                fut.set_result(fn())
-            except Exception as exc:  # noqa: BLE001 - returned to the calling thread
-                fut.set_exception(exc)
+    def _dispatch(self, item: Any) -> None:
+        match item:
+            case HeardBatch(items):
+                for heard in items:
+                    self._heard(heard)
+            case Heard():
+                self._heard(item)
+            case Built() | BuildFailed() | WiresMeasured():  # from the artifact thread
+                self.apply(item)
+            case _Other(kind, msg, at):
+                self._handle_other(kind, msg, at)
+            case _LocalInfer(request, at):
+                self.submit_inference(request, at)
+            case _Call(fn, fut):
+                try:
+                    fut.set_result(fn())
+                except Exception as exc:  # noqa: BLE001 - returned to the calling thread
+                    fut.set_exception(exc)
+            case _SyncTrust():
+                self._sync_trust(time.monotonic())
+            case _RebirthAll(reason):
+                self.publish_signed(self.topics.rebirth(), Rebirth("", reason))
+            case _:
+                raise TypeError(f"unknown inbox item {type(item).__name__}")
+
+    def _heard(self, heard: Heard) -> None:
+        """A verified device input: to the core, unless its device was revoked while it was verified."""
+        match heard.event:
+            case Advert(msg) if msg.device_id not in self.device_keys:
+                return
+            case ClaimFlags(device_id) | AdvertRejected(device_id) if device_id not in self.device_keys:
+                return
+        self.apply(heard.event, heard.at)
 
     def _carry_out(self, cmds: list[Any]) -> None:
         """Do what the site core decided: publish, deploy, persist, answer clients, log."""
@@ -587,6 +661,8 @@ class FogService:
                 log.log(logging.INFO if cmd.level == "info" else logging.WARNING, "%s", cmd.text)
             elif isinstance(cmd, (SendActivation, ReplyClient)):
                 self._router_cmds([cmd])
+            elif isinstance(cmd, FollowRelease):
+                self._follow_release(cmd)
             else:
                 work.append(cmd)
         if work:
@@ -697,12 +773,12 @@ class FogService:
                 self._build_and_send(cmd, ref, memory, shapes)
             except Exception as exc:  # noqa: BLE001 - a model we cannot split: NACK ourselves
                 log.error("cannot build partition %s [%d, %d]: %s", cmd.workload, cmd.first, cmd.last, exc)
-                self._put(("selfnack", cmd, f"artifact build failed: {exc}"[:300]))
+                self._put(BuildFailed(cmd, f"artifact build failed: {exc}"[:300]))
 
     def _build_and_send(self, cmd: DeployPartition, ref: str, memory: int, shapes: Any) -> None:
         key = (cmd.workload, cmd.version, cmd.replica, cmd.index)
         built = self.artifacts.build(ref, cmd.first, cmd.last, shapes)
-        self._put(("built", key, built.sha256))
+        self._put(Built(key, built.sha256))
         sig = self.artifacts.sign(built, cmd.workload, cmd.version, cmd.replica, cmd.index)
         msg = Deploy(cmd.command_id, cmd.workload, cmd.version, cmd.replica, cmd.index, built.sha256,
                      built.onnx_bytes, sig.signature, sig.signer, memory, built.inputs, built.outputs,
@@ -735,7 +811,7 @@ class FogService:
         """Issue the attempt's route ticket, which vouches for hop 0's tensors too (``runtime.relay``)."""
         keys = [self.device_keys.key_bytes(h.device_id) for h in act.route]
         if any(k is None for k in keys):
-            self._carry_out(self.core.handle(RouteUntrusted(act, time.time()), time.monotonic(), time.time()))
+            self.apply(RouteUntrusted(act, time.time()))
             return
         ticket = RouteTicket(self.config.fog_id, act.request_id, act.workload, act.route,
                              tuple(k for k in keys if k is not None), act.reply_to, act.deadline)
@@ -771,7 +847,7 @@ class FogService:
         if not isinstance(res, InferenceResult):
             self.counters["rejected:wrong kind"] += 1
             return
-        self._carry_out(self.core.handle(Result(res, env.sender, time.time()), at, time.time()))
+        self.apply(Result(res, env.sender, time.time()), at)
 
     def _on_infer(self, env: Envelope, at: float) -> None:
         req = self.control.open_request(env, "infer", env.sender if isinstance(env, Envelope) else "?")
@@ -785,7 +861,7 @@ class FogService:
 
     def submit_inference(self, req: InferenceRequest, at: float) -> None:
         """Route an authenticated request (owner thread); the answer goes to ``req.reply_to``."""
-        self._carry_out(self.core.handle(Infer(req, time.time()), at, time.time()))
+        self.apply(Infer(req, time.time()), at)
 
     def _on_release(self, msg: Any, at: float) -> None:
         """A signed new model version from a pinned coordinator: keep it, roll the workloads that follow it."""
@@ -805,11 +881,16 @@ class FogService:
             log.warning("model release %s v%d refused: %s", msg.workload, msg.version, exc)
             return
         self.releases.accept(msg, ref)
-        self.counters["releases"] += 1
         log.info("model release %s v%d from %s accepted (%s)", msg.workload, msg.version, msg.signer, ref[:17])
-        followers = [sw.spec for sw in self.store.workloads() if sw.spec.get("model") == f"release:{msg.workload}"]
+        self.apply(ReleaseAccepted(msg.workload, msg.version, ref, msg.signer, dict(msg.metadata)), at)
+
+    def _follow_release(self, cmd: FollowRelease) -> None:
+        """The core's rule: these workloads follow a release that has a new version; deploy their
+        stored specs again (``release:NAME`` resolves to the new bytes, profiled anew)."""
+        names = set(cmd.workloads)
+        followers = [sw.spec for sw in self.store.workloads() if sw.name in names]
         if followers:
-            self.control.deploy({"workloads": followers}, at, internal=True)
+            self.control.deploy({"workloads": followers}, time.monotonic(), internal=True)
 
     # ------------------------------------------------------------ status and summary
 
@@ -817,14 +898,51 @@ class FogService:
         summary = FleetSummary(self.config.fog_id, self.config.site, time.time(), self.registry.summaries())
         self.publish_signed(self.topics.summary(), summary, retain=True)
 
-    def status(self, now: float | None = None, **page: Any) -> dict[str, Any]:
-        """Everything ``fogline status`` shows (owner thread)."""
-        return site_status(self, time.monotonic() if now is None else now, **page)
+    def status(self, now: float | None = None, *, snapshot: SiteSnapshot | None = None,
+               max_age_s: float | None = None, **page: Any) -> dict[str, Any]:
+        """Everything ``fogline status`` shows (any thread): of ``snapshot``, else of ``self.snapshot(max_age_s)``."""
+        snap = snapshot if snapshot is not None else self.snapshot(max_age_s)
+        return site_status(self, time.monotonic() if now is None else now, snap, **page)
+
+    def snapshot(self, max_age_s: float | None = None, timeout: float = 5.0) -> SiteSnapshot:
+        """The site as a frozen value. On the owner thread (or before it runs): built now if anything
+        changed. Elsewhere: the newest one if it is at most ``max_age_s`` old, else the owner builds
+        one between two inbox items and this waits for it (``TimeoutError`` after ``timeout``)."""
+        owner = self._owner
+        if threading.current_thread() is owner or not owner.is_alive():
+            return self._publish_snapshot()
+        asked = time.monotonic()
+        with self._snap_cond:
+            snap = self._snap
+            if snap is not None and max_age_s is not None and asked - self._snap_seen <= max_age_s:
+                return snap
+            self._snap_wanted = True
+            seq = self._snap_seq
+        try:
+            self.inbox.put_nowait(_WAKE)
+        except queue.Full:
+            pass  # the owner is busy: it looks for the request between items
+        with self._snap_cond:
+            if not self._snap_cond.wait_for(lambda: self._snap_seq > seq, timeout):
+                raise TimeoutError("the fog broker's owner thread did not answer")
+            assert self._snap is not None
+            return self._snap
+
+    def _publish_snapshot(self) -> SiteSnapshot:
+        """Owner thread: the core's snapshot now, handed to the threads waiting for one."""
+        now = time.monotonic()
+        snap = self.core.snapshot(now)
+        with self._snap_cond:
+            self._snap_wanted = False
+            self._snap, self._snap_seen = snap, now
+            self._snap_seq += 1
+            self._snap_cond.notify_all()
+        return snap
 
     def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Run ``fn`` on the owner thread and return its result (any thread)."""
         fut: Future[Any] = Future()
-        self.inbox.put(("call", fn, fut))
+        self.inbox.put(_Call(fn, fut))
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -843,7 +961,7 @@ class FogService:
         self._local[rid] = fut
         req = InferenceRequest(rid, workload, _LOCAL + rid, dict(tensors), float(timeout), stream)
         try:
-            self.inbox.put_nowait(("local_infer", req, time.monotonic()))
+            self.inbox.put_nowait(_LocalInfer(req, time.monotonic()))
         except queue.Full:
             self._local.pop(rid, None)
             fut.set_result(InferenceResult(rid, False, {}, "fog broker overloaded (inbox full)", failure="overloaded",

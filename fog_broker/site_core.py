@@ -11,8 +11,11 @@ stage is re-placed (``slow_stages``).
 
 The fog broker's ``FogService`` feeds it verified events from MQTT, HTTP and its
 timers and carries out what it returns; the discrete-event simulation drives the
-very same object, so the two cannot drift. ``view()`` is what status, metrics,
-the HTTP API and the site page read. Nothing here does I/O or reads a clock.
+very same object, so the two cannot drift. ``snapshot(now)`` is what status,
+metrics, the HTTP API, control and the site page read (``fog_broker.snapshot``):
+a frozen value, built on the thread that drives the core, safe on any other.
+Releases a fog accepted are kept here too, with the rule that switches the
+workloads following them. Nothing here does I/O or reads a clock.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from runtime.messages import (
 from .autoscale import AutoscaleConfig, Autoscaler, Load, replicas_for_rate
 from .calibration import CalibrationBook, throughput
 from .controller import (
+    Assignment,
     Controller,
     ControllerConfig,
     DeployPartition,
@@ -53,16 +57,17 @@ from .registry import (
 )
 from .router import ReplyClient, Router, RouterConfig, SendActivation
 from .slow_stages import SlowStageConfig, SlowStages, StageSample, planned_stage_s
+from .snapshot import SiteSnapshot, build, counter_copy, freeze
 
 __all__ = [
-    "SiteCoreConfig", "SiteCore", "SiteView",
+    "SiteCoreConfig", "SiteCore", "SiteSnapshot",
     # events
     "Advert", "AdvertRejected", "ClaimFlags", "Ack", "Built", "BuildFailed", "SessionMissing", "DeviceRemoved",
-    "SetWorkload",
-    "RemoveWorkload", "SetQuotas", "Infer", "Result", "RouteUntrusted", "Event", "Command",
+    "SetWorkload", "RemoveWorkload", "SetQuotas", "Infer", "Result", "RouteUntrusted", "Restore",
+    "WiresMeasured", "ReleaseAccepted", "Event", "Command",
     # commands (the controller's and the router's are re-exported as they are)
-    "AskRebirth", "SiteEvent", "LogNote", "DeployPartition", "UndeployPartition", "Persist", "SendActivation",
-    "ReplyClient",
+    "AskRebirth", "SiteEvent", "LogNote", "FollowRelease", "DeployPartition", "UndeployPartition", "Persist",
+    "SendActivation", "ReplyClient",
 ]
 
 
@@ -76,9 +81,16 @@ class Advert:
 
 @dataclass(frozen=True, slots=True)
 class AdvertRejected:
-    """An enrolled device's authenticated advert failed validation (``why``: the field and value)."""
+    """An enrolled device's authenticated advert failed validation: ``field`` (``DeviceBirth.rtt_s``)
+    had ``value`` (as the device sent it), outside the message's range."""
     device_id: str
-    why: str
+    field: str
+    value: str
+
+    @property
+    def text(self) -> str:
+        """``DeviceBirth.rtt_s=-1.0``: the device record's ``rejected``, the site event's reason."""
+        return f"{self.field}={self.value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +137,10 @@ class DeviceRemoved:
 
 @dataclass(frozen=True, slots=True)
 class SetWorkload:
+    """Deploy (or re-deploy) a workload; ``follows``: the release it runs (``release:NAME``), if any."""
     spec: Workload
     version: int
+    follows: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +175,40 @@ class RouteUntrusted:
     wall: float
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseAccepted:
+    """A model release passed the shell's checks (pinned signer, signature, newer) and its bytes are
+    stored as ``ref``."""
+    name: str
+    version: int
+    ref: str
+    signer: str
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A restart: the stored workloads (spec, version, release followed), quotas and assignments.
+
+    Stored assignments are adopted unconfirmed; placing waits ``startup_wait_s`` for the devices."""
+    workloads: tuple[tuple[Workload, int, str], ...]
+    quotas: Mapping[str, Quota]
+    assignments: tuple[Assignment, ...]
+    startup_wait_s: float
+    releases: tuple[ReleaseAccepted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WiresMeasured:
+    """The fog calibrated the activation wires of one chain (``fog_broker.wires``)."""
+    chain: tuple[str, int, int]          # (workload, version, replica)
+    wires: tuple[str, ...]
+    report: Mapping[str, Any]
+
+
 Event = (Advert | AdvertRejected | ClaimFlags | Ack | Built | BuildFailed | SessionMissing | DeviceRemoved
-         | SetWorkload | RemoveWorkload | SetQuotas | Infer | Result | RouteUntrusted)
+         | SetWorkload | RemoveWorkload | SetQuotas | Infer | Result | RouteUntrusted | Restore | WiresMeasured
+         | ReleaseAccepted)
 
 
 # ------------------------------------------------------------------ commands (out)
@@ -189,8 +235,18 @@ class SiteEvent:
     reason: str
 
 
-Command = (AskRebirth | SiteEvent | LogNote | DeployPartition | UndeployPartition | Persist | SendActivation
-           | ReplyClient)
+@dataclass(frozen=True, slots=True)
+class FollowRelease:
+    """Re-deploy these workloads: each follows ``release`` and it has a new version (the shell resolves
+    the bytes and profiles them; a simulation switches the model ref)."""
+    release: str
+    version: int
+    ref: str
+    workloads: tuple[str, ...]
+
+
+Command = (AskRebirth | SiteEvent | LogNote | FollowRelease | DeployPartition | UndeployPartition | Persist
+           | SendActivation | ReplyClient)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,46 +261,6 @@ class SiteCoreConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     max_rate_replicas: int = 16          # a ``rate_fps`` without ``autoscale`` asks for at most this many
-
-
-class SiteView:
-    """Read-only access to one site's state for status, metrics, the HTTP API and the site page.
-
-    The view holds the cores, not copies: read it on the thread that drives the core.
-    """
-
-    __slots__ = ("_core",)
-
-    def __init__(self, core: SiteCore) -> None:
-        self._core = core
-
-    @property
-    def registry(self) -> Registry:
-        return self._core.registry
-
-    @property
-    def controller(self) -> Controller:
-        return self._core.controller
-
-    @property
-    def router(self) -> Router:
-        return self._core.router
-
-    @property
-    def counters(self) -> Mapping[str, int]:
-        return self._core.counters
-
-    @property
-    def flags(self) -> Mapping[str, tuple[str, ...]]:
-        return self._core.flags
-
-    @property
-    def slow(self) -> Mapping[str, str]:
-        """Devices set aside for a stage slower than the plan -> why."""
-        return self._core.slow_stages.set_aside
-
-    def chains(self, workload: str) -> list[Any]:
-        return self._core.controller.chains(workload)
 
 
 class SiteCore:
@@ -269,12 +285,27 @@ class SiteCore:
         self._last_reconcile = -math.inf
         self._wall_offset = 0.0  # wall minus monotonic, as the last tick saw it
         self.dirty = True
-        self._view = SiteView(self)
+        # releases accepted: name -> {version, model, signer, metadata}; workload -> release it follows
+        self.releases: dict[str, dict[str, Any]] = {}
+        self.follows: dict[str, str] = {}
+        self.generation = 0  # events and ticks handled: a snapshot of an older one is stale
+        self._snapshot: SiteSnapshot | None = None
 
     # ------------------------------------------------------------ the interface
 
-    def view(self) -> SiteView:
-        return self._view
+    def snapshot(self, now: float, max_age_s: float = 0.0) -> SiteSnapshot:
+        """The site as a frozen value (call it on the thread that drives the core). Rebuilt when an
+        event or a tick came since the last one, unless that one is at most ``max_age_s`` old."""
+        snap = self._snapshot
+        if snap is None or (snap.generation != self.generation and now - snap.at > max_age_s):
+            releases = {n: {**r["metadata"], "version": r["version"], "signer": r["signer"], "model": r["model"]}
+                        for n, r in self.releases.items()}
+            snap = self._snapshot = build(self, now, self.generation, releases)
+        else:  # the shell counts here too, between events: its counters are always as of now
+            counters = counter_copy(self.counters)
+            if counters != snap.counters:
+                snap = self._snapshot = replace(snap, counters=freeze(counters))
+        return snap
 
     def mark_dirty(self) -> None:
         """Something outside the core changed what the plan depends on: re-plan at the next tick."""
@@ -287,61 +318,68 @@ class SiteCore:
         out: list[Command] = []
         if wall is None:
             wall = now + self._wall_offset
-        if isinstance(event, Advert):
-            self._advert(event.msg, now, out, wall)
-        elif isinstance(event, ClaimFlags):
-            self.flags[event.device_id] = tuple(event.flags)
-            if self.registry.note_claim_flags(event.device_id, tuple(event.flags)):
-                self.controller.request_plan()  # a flagged device holds no first replica: move it
-        elif isinstance(event, AdvertRejected):
-            out.append(SiteEvent("advert rejected", event.device_id, event.why))
-            self._registry(self.registry.reject(event.device_id, now, event.why), now, out, wall)
-            self.dirty = True
-        elif isinstance(event, Ack):
-            out += self.controller.ack(event.command_id, event.device_id, event.ok, event.reason, now)
-            if not event.ok:
-                out.append(LogNote(f"NACK from {event.device_id} for {event.command_id}: {event.reason}"))
-            self.dirty = True
-        elif isinstance(event, Built):
-            self.controller.note_sha(event.key, event.sha256)
-            out.append(Persist(event.key[0]))
-        elif isinstance(event, BuildFailed):
-            out += self.controller.ack(event.cmd.command_id, event.cmd.device, False, event.reason, now)
-            self.dirty = True
-        elif isinstance(event, SessionMissing):
-            self._registry(self.registry.ask_rebirth(event.device_id, now, "no session"), now, out, wall)
-        elif isinstance(event, DeviceRemoved):
-            self.flags.pop(event.device_id, None)
-            self._partitions_seen.pop(event.device_id, None)
-            self.slow_stages.forget(event.device_id)
-            self._registry(self.registry.remove(event.device_id, now, event.reason), now, out, wall)
-        elif isinstance(event, SetWorkload):
-            out += self.controller.set_workload(event.spec, event.version)
-            self.router.set_slo(event.spec.name, event.spec.slo_s)
-            self.dirty = True
-        elif isinstance(event, RemoveWorkload):
-            self.autoscaler.forget(event.name)
-            out += self.controller.remove_workload(event.name)
-            self.calibration.forget(event.name)
-            self.router.forget_workload(event.name)
-            self.dirty = True
-        elif isinstance(event, SetQuotas):
-            self.controller.set_quotas(dict(event.quotas))
-            self.dirty = True
-        elif isinstance(event, Infer):
-            out += self._submit(event.request, now, event.wall)
-        elif isinstance(event, Result):
-            out += self._result(event.result, event.sender, now, event.wall)
-        elif isinstance(event, RouteUntrusted):
-            act = event.activation
-            out += self.router.result(
-                InferenceResult(act.request_id, False, {}, "a device of the route is no longer trusted"),
-                self.controller.chains(act.workload), now, event.wall)
+        self.generation += 1
+        match event:
+            case Advert(msg):
+                self._advert(msg, now, out, wall)
+            case ClaimFlags(device_id, flags):
+                self.flags[device_id] = tuple(flags)
+                if self.registry.note_claim_flags(device_id, tuple(flags)):
+                    self.controller.request_plan()  # a flagged device holds no first replica: move it
+            case AdvertRejected(device_id):
+                out.append(SiteEvent("advert rejected", device_id, event.text))
+                self._registry(self.registry.reject(device_id, now, event.text), now, out, wall)
+                self.dirty = True
+            case Ack(device_id, command_id, ok, reason):
+                out += self.controller.ack(command_id, device_id, ok, reason, now)
+                if not ok:
+                    out.append(LogNote(f"NACK from {device_id} for {command_id}: {reason}"))
+                self.dirty = True
+            case Built(key, sha256):
+                self.controller.note_sha(key, sha256)
+                out.append(Persist(key[0]))
+            case BuildFailed(cmd, reason):
+                out += self.controller.ack(cmd.command_id, cmd.device, False, reason, now)
+                self.dirty = True
+            case SessionMissing(device_id):
+                self._registry(self.registry.ask_rebirth(device_id, now, "no session"), now, out, wall)
+            case DeviceRemoved(device_id, reason):
+                self.flags.pop(device_id, None)
+                self._partitions_seen.pop(device_id, None)
+                self.slow_stages.forget(device_id)
+                self._registry(self.registry.remove(device_id, now, reason), now, out, wall)
+            case SetWorkload(spec, version, follows):
+                out += self._set_workload(spec, version, follows)
+            case RemoveWorkload(name):
+                self.autoscaler.forget(name)
+                out += self.controller.remove_workload(name)
+                self.calibration.forget(name)
+                self.router.forget_workload(name)
+                self.follows.pop(name, None)
+                self.dirty = True
+            case SetQuotas(quotas):
+                self.controller.set_quotas(dict(quotas))
+                self.dirty = True
+            case Infer(request, req_wall):
+                out += self._submit(request, now, req_wall)
+            case Result(result, sender, res_wall):
+                out += self._result(result, sender, now, res_wall)
+            case RouteUntrusted(act, act_wall):
+                out += self.router.result(
+                    InferenceResult(act.request_id, False, {}, "a device of the route is no longer trusted"),
+                    self.controller.chains(act.workload), now, act_wall)
+            case Restore():
+                out += self._restore(event, now)
+            case WiresMeasured(chain, wires, report):
+                self.router.set_wires(chain, wires, dict(report))
+            case ReleaseAccepted():
+                out += self._release(event)
         return out
 
     def tick(self, now: float, wall: float) -> list[Command]:
         """Timers: liveness, re-planning, request deadlines, and what recovered since the last tick."""
         out: list[Command] = []
+        self.generation += 1
         self._wall_offset = wall - now
         rec = self.controller.recoveries  # appended by reconcile and by acks: look once a tick
         for took in rec[self._recoveries_seen:]:
@@ -429,6 +467,44 @@ class SiteCore:
         return list(self.controller.reconcile(fleet, reported, now))
 
     # ------------------------------------------------------------ rules between the cores
+
+    def _set_workload(self, spec: Workload, version: int, follows: str) -> list[Command]:
+        out: list[Command] = list(self.controller.set_workload(spec, version))
+        self.router.set_slo(spec.name, spec.slo_s)
+        if follows.startswith("release:"):
+            self.follows[spec.name] = follows[len("release:"):]
+        else:
+            self.follows.pop(spec.name, None)
+        self.dirty = True
+        return out
+
+    def _restore(self, r: Restore, now: float) -> list[Command]:
+        """A restart: what was deployed, as the store kept it; devices are waited for before placing."""
+        self.controller.set_quotas(dict(r.quotas))
+        for rel in r.releases:
+            self._keep_release(rel)
+        for spec, version, follows in r.workloads:
+            self._set_workload(spec, version, follows)  # nothing is sent until the devices are heard
+        if self.controller.workloads:
+            self.controller.config = replace(self.controller.config, startup_wait_s=r.startup_wait_s)
+            self.controller.start_after_restart(now, r.assignments)
+        return []
+
+    def _keep_release(self, r: ReleaseAccepted) -> None:
+        self.releases[r.name] = {"version": r.version, "model": r.ref, "signer": r.signer,
+                                 "metadata": {k: v for k, v in r.metadata.items() if k != "public_key"}}
+
+    def _release(self, r: ReleaseAccepted) -> list[Command]:
+        """Keep the newest release of each name; the workloads that follow it switch to it (only
+        forward: an older or equal version changes nothing)."""
+        known = self.releases.get(r.name)
+        if known is not None and known["version"] >= r.version:
+            self.counters["release:stale"] += 1
+            return []
+        self._keep_release(r)
+        self.counters["releases"] += 1
+        followers = tuple(sorted(w for w, rel in self.follows.items() if rel == r.name))
+        return [FollowRelease(r.name, r.version, r.ref, followers)] if followers else []
 
     def _advert(self, msg: Any, now: float, out: list[Command], wall: float) -> None:
         self._registry(self.registry.handle(msg, now), now, out, wall)

@@ -301,8 +301,8 @@ def register_http(app: web.Application, api: HttpApi, *, path: str = "/site", ri
 
     The page is static and holds no data: it is served to anyone who reaches the port, with
     ``page_headers()``. The JSON is the site: callers authenticate as on the rest of the API
-    and need ``right`` (``status``: operators and coordinators); the status is read on the
-    owner thread without blocking the server's loop (``api.owner_call``).
+    and need ``right`` (``status``: operators and coordinators); the status is built from the
+    site core's snapshot off the server's loop (``api.off_loop``).
     """
     import asyncio
 
@@ -317,7 +317,7 @@ def register_http(app: web.Application, api: HttpApi, *, path: str = "/site", ri
 
     async def data(request: web.Request) -> web.Response:
         api.principal(request, right)
-        status = await api.owner_call(api.svc.status)
+        status = await api.off_loop(api.svc.status)
         doc = await asyncio.get_running_loop().run_in_executor(None, page_json, status)
         return web.Response(body=doc, headers={"Content-Type": "application/json", "Cache-Control": "no-store",
                                                "X-Content-Type-Options": "nosniff"})

@@ -19,6 +19,8 @@ import numpy as np
 
 from runtime.activations import AccuracyBound, CutChoice, choose_wires, decode, encode
 
+from .site_core import WiresMeasured
+
 __all__ = ["WireReport", "calibrate_chain", "calibration_frames", "calibration_size", "deploy_job"]
 
 log = logging.getLogger(__name__)
@@ -159,7 +161,7 @@ _CACHE_MAX = 64
 
 
 def deploy_job(cmd: Any, spec: Any, assignments: Sequence[Any], artifacts: Any,
-               put: Callable[[tuple[Any, ...]], None]) -> Callable[[], None] | None:
+               put: Callable[[WiresMeasured], None]) -> Callable[[], None] | None:
     """The calibration to run (on the fog's artifact thread) when a chain's first partition deploys.
 
     None when the workload states no accuracy bound or the chain has no cut. The job reports
@@ -194,5 +196,5 @@ def deploy_job(cmd: Any, spec: Any, assignments: Sequence[Any], artifacts: Any,
             if len(_CACHE) >= _CACHE_MAX:
                 _CACHE.pop(next(iter(_CACHE)))
             _CACHE[ckey] = rep
-        put(("wires", key, rep))
+        put(WiresMeasured(key, rep.wires, rep.to_dict()))
     return run

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -140,8 +140,9 @@ class FleetSim:
     """Events on a heap; the registry and controller see what a fog broker would."""
 
     def __init__(self, devices: list[SimDevice], workloads: Sequence[Workload], config: SimConfig,
-                 *, clock: Callable[[], float]) -> None:
+                 *, clock: Callable[[], float], follows: Mapping[str, str] | None = None) -> None:
         self.devices = {d.device_id: d for d in devices}
+        self.follows = dict(follows or {})  # workload -> the release it follows (``release:NAME``)
         self.config = config
         self.rng = random.Random(config.seed)
         self._clock = clock  # wall clock, only to measure the cores (never read by them)
@@ -249,7 +250,8 @@ class FleetSim:
                 if down < cfg.duration_s:
                     self._push(down, "crash", dev.device_id)
         for w in self.workloads:
-            self._apply(self.core.handle(SetWorkload(w, 1), 0.0), 0.0)
+            follows = f"release:{self.follows[w.name]}" if w.name in self.follows else ""
+            self._apply(self.core.handle(SetWorkload(w, 1, follows), 0.0), 0.0)
         self._push(0.0, "reconcile", self._token)
         self._push(cfg.state_interval_s, "adverts")
         self._push(cfg.battery_interval_s, "battery")

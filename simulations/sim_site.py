@@ -1,9 +1,11 @@
 """One fog's site in the multi-site simulation: its ``FleetSim``, WAN link and model releases.
 
-The fog side of a release, as ``fog_broker`` does it: a release is kept only
-when its version is newer than the one listed (else counted as a refusal),
-and the workloads that follow it (``model = "release:NAME"``) switch to the
-new bytes as a new workload version, make-before-break in the real controller.
+The fog side of a release is ``fog_broker``'s own rule, in the site core it
+drives (``SiteCore`` and its ``ReleaseAccepted`` event): a release is kept
+only when its version is newer than the one listed (else counted as a
+refusal), and the workloads that follow it (``model = "release:NAME"``)
+switch to the new bytes as a new workload version, make-before-break in the
+real controller.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from cloud_coordinator.rollout import model_ref
 from fog_broker.placement import Workload
+from fog_broker.site_core import FollowRelease, ReleaseAccepted, SetWorkload
 
 from .des import FleetSim, SimConfig, make_fleet
 from .scenario import Scenario, ScenarioError
@@ -38,29 +41,39 @@ class SimSite:
     sim: FleetSim
     link: WanLink
     specs: dict[str, Workload]                 # workload -> its current spec (``model``: the bytes it runs)
-    follows: dict[str, str]                    # workload -> the release it follows (``release:NAME``)
-    releases: dict[str, tuple[int, str]] = field(default_factory=dict)   # name -> (version, model ref)
     versions: dict[str, int] = field(default_factory=dict)               # workload -> its version here
     refusals: Counter[str] = field(default_factory=Counter)              # "release:<reason>"
     accepted_at: dict[int, float] = field(default_factory=dict)          # release version -> when listed
     switched_at: dict[int, float] = field(default_factory=dict)          # ... when all its followers run it
     before: dict[int, dict[str, int]] = field(default_factory=dict)      # ... followers' versions before it
 
+    @property
+    def follows(self) -> dict[str, str]:
+        """Workload -> the release it follows (the site core's)."""
+        return self.sim.core.follows
+
+    @property
+    def releases(self) -> dict[str, tuple[int, str]]:
+        """Release name -> (version, model ref), as the site core keeps them."""
+        return {n: (int(r["version"]), str(r["model"])) for n, r in self.sim.core.releases.items()}
+
     def accept(self, name: str, version: int, ref: str, now: float) -> list[Any]:
-        """A release arrives (as ``FogService._on_release``): keep it if newer, switch its followers."""
-        cur = self.releases.get(name)
-        if cur is not None and version <= cur[0]:
+        """A release arrives (as ``FogService._on_release``): the site core keeps it if newer and names
+        the workloads that follow it (``FollowRelease``); they switch to its bytes here."""
+        core = self.sim.core
+        out = core.handle(ReleaseAccepted(name, version, ref, "coordinator"), now)
+        if self.releases.get(name) != (version, ref):
             self.refusals["release:stale"] += 1
             return []
-        self.releases[name] = (version, ref)
         self.accepted_at.setdefault(version, now)
-        followers = sorted(w for w, n in self.follows.items() if n == name and self.specs[w].model != ref)
+        named = next((c.workloads for c in out if isinstance(c, FollowRelease)), ())
+        followers = [w for w in named if self.specs[w].model != ref]
         self.before[version] = {w: self.versions[w] for w in followers}
         cmds: list[Any] = []
         for w in followers:
             self.versions[w] += 1  # other bytes under the same spec text: a new workload version
             self.specs[w] = replace(self.specs[w], model=ref)
-            cmds.extend(self.sim.controller.set_workload(self.specs[w], self.versions[w]))
+            cmds.extend(core.handle(SetWorkload(self.specs[w], self.versions[w], f"release:{name}"), now))
         if followers:
             self.sim.watchers.append(partial(self._switched, version, ref))
         else:
@@ -141,5 +154,7 @@ def build_site(scenario: Scenario, index: int, name: str, *, clock: Callable[[],
         specs[spec.name] = spec
     cfg = SimConfig(duration_s=duration_s or scenario.duration_s, state_interval_s=scenario.state_interval_s,
                     failure=scenario.failure, hang_fraction=scenario.hang_fraction, seed=seed)
-    sim = FleetSim(devices, list(specs.values()), cfg, clock=clock)
-    return SimSite(name, sim, WanLink(name), specs, follows, releases, dict.fromkeys(specs, 1))
+    sim = FleetSim(devices, list(specs.values()), cfg, clock=clock, follows=follows)
+    for rel, (version, ref) in releases.items():  # every site starts on v1, its followers on it already
+        sim.core.handle(ReleaseAccepted(rel, version, ref, "coordinator"), 0.0)
+    return SimSite(name, sim, WanLink(name), specs, dict.fromkeys(specs, 1))

@@ -290,18 +290,22 @@ def test_ingest_names_the_device_field_and_value_of_a_refused_advert(processes: 
         object.__setattr__(bad, "tx_j_per_byte", -1.0)  # signed by the device, past our checks
         ing.on_device(Inbound(t.device("dev-x", "BIRTH"), signer.seal_bytes(good, time.time()), 1.0))
         ing.on_device(Inbound(t.device("dev-x", "BIRTH"), signer.seal_bytes(bad, time.time()), 2.0))
-        seen: list[tuple[Any, ...]] = []
+        from fog_broker.site_core import AdvertRejected, ClaimFlags
+        seen: list[Any] = []
         deadline = time.monotonic() + 30
-        while not any(x[0] == "bad_advert" for x in seen) and time.monotonic() < deadline:
+        while not any(isinstance(x, AdvertRejected) for x in seen) and time.monotonic() < deadline:
             try:
                 item = got.get(timeout=0.5)
             except queue.Empty:
                 continue
-            seen.extend(item[1])
-        bad_items = [x for x in seen if x[0] == "bad_advert"]
-        assert bad_items and bad_items[0][1:3] == ("dev-x", "DeviceBirth.tx_j_per_byte=-1.0")
+            seen.extend(h.event for h in item.items)
+        bad_items = [x for x in seen if isinstance(x, AdvertRejected)]
+        # the field and the value as attributes, never text to parse back
+        assert bad_items and (bad_items[0].device_id, bad_items[0].field, bad_items[0].value) == (
+            "dev-x", "DeviceBirth.tx_j_per_byte", "-1.0")
+        assert bad_items[0].text == "DeviceBirth.tx_j_per_byte=-1.0"
         assert ing.counts()["rejected:out of range"] == 1
-        assert [x[0] for x in seen].count("flags") == 1  # the clean birth's (empty) flags
+        assert [type(x) for x in seen].count(ClaimFlags) == 1  # the clean birth's (empty) flags
     finally:
         ing.stop()
 

@@ -192,13 +192,13 @@ def test_site_re_places_a_stage_whose_device_slowed_down_and_takes_it_back_after
     site.until(lambda: site.running["b"] and not site.running["a"])
     (slow,) = [e for e in site.events if e.kind == "stage slow"]
     assert slow.device == "a" and "measured p50 400.0 ms, 4.0x the plan's 100.0 ms" in slow.reason
-    assert site.core.view().slow == {"a": slow.reason}
+    assert site.core.slow_stages.set_aside == {"a": slow.reason}
     assert site.core.counters["stages_slow"] == 1
     assert site.now - t0 <= 3.0  # sustain 3 adverts, re-placed at once
 
     site.slowdown["a"] = 1.0  # cooled down; the hold (10 s) ends and it takes work again
     site.until(lambda: any(e.kind == "device usable again" and e.device == "a" for e in site.events))
-    assert site.core.view().slow == {} and site.now - t0 >= CFG.hold_s
+    assert site.core.slow_stages.set_aside == {} and site.now - t0 >= CFG.hold_s
     assert site.running["b"]  # what runs stays put (no churn): new work goes to the better device
     site.carry(site.core.handle(SetWorkload(workload("w2"), 1), site.now))
     site.until(lambda: ("w2", 1, 0, 0) in site.running["a"])

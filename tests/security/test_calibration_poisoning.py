@@ -36,7 +36,7 @@ def test_a_label_naming_the_victim_does_not_set_the_victim_aside() -> None:
     site.steps(40)
     assert site.running[VICTIM] and site.running[LIAR], site.running  # both calibrated something
     assert not any(e.kind == "stage slow" and e.device == VICTIM for e in site.events), site.events
-    assert VICTIM not in site.core.view().slow
+    assert VICTIM not in site.core.slow_stages.set_aside
     times = dict(site.core.controller.workloads["w"].spec.profile.segment_times)
     assert sum(times[VICTIM]) > 0.05              # the victim's own times: its own 0.1 s, not 50 us
     assert "class:" + VICTIM not in times         # no class named after a device
