@@ -91,6 +91,7 @@ from .site_core import (
     FollowRelease,
     Infer,
     LogNote,
+    OwnerPaused,
     ReleaseAccepted,
     Restore,
     Result,
@@ -111,6 +112,9 @@ log = logging.getLogger("fog_broker.service")
 _STOP = object()
 _RELEASE = RELEASE
 _PING = "__fog_self_ping__"
+#: a gap between two ticks this much longer than ``tick_s`` is a stall of the owner, credited to
+#: the devices' liveness deadlines (site_core.OwnerPaused)
+_PAUSE_CREDIT_S = 1.0
 _LOCAL = "local:"  # reply_to of requests from this process (never an MQTT topic: no '/')
 MAX_CONTROL_BYTES = MAX_REQUEST_BYTES
 MAX_ADVERT_BYTES = 64 * 1024
@@ -558,7 +562,7 @@ class FogService:
     # ------------------------------------------------------------ owner thread
 
     def _run(self) -> None:
-        next_tick = time.monotonic()
+        next_tick = last_tick = time.monotonic()
         while True:
             timeout = max(0.0, next_tick - time.monotonic())
             try:
@@ -588,6 +592,11 @@ class FogService:
                 item = self._next_item()
             now = time.monotonic()
             if now >= next_tick or self.core.dirty:
+                if now - last_tick > self.config.tick_s + _PAUSE_CREDIT_S:
+                    # this loop (or the whole process) stalled: the devices' silence was ours
+                    self.counters["owner_paused"] += 1
+                    self.apply(OwnerPaused(now - last_tick - self.config.tick_s), now)
+                last_tick = now
                 try:
                     self._tick(now)
                 except Exception:

@@ -64,7 +64,7 @@ __all__ = [
     # events
     "Advert", "AdvertRejected", "ClaimFlags", "Ack", "Built", "BuildFailed", "SessionMissing", "DeviceRemoved",
     "SetWorkload", "RemoveWorkload", "SetQuotas", "Infer", "Result", "RouteUntrusted", "Restore",
-    "WiresMeasured", "ReleaseAccepted", "Event", "Command",
+    "WiresMeasured", "ReleaseAccepted", "OwnerPaused", "Event", "Command",
     # commands (the controller's and the router's are re-exported as they are)
     "AskRebirth", "SiteEvent", "LogNote", "FollowRelease", "DeployPartition", "UndeployPartition", "Persist",
     "SendActivation", "ReplyClient",
@@ -176,6 +176,15 @@ class RouteUntrusted:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerPaused:
+    """The shell's owner thread did not look at the inbox for ``seconds`` (a long step, a starved
+    process): silence from devices over that time is the fog's own, not theirs, so liveness
+    deadlines move by it instead of a busy fog declaring healthy devices lost and re-placing them
+    (it did, 130 ms after a device's rejoin, when a restarted fog's loop stalled for 4 s)."""
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseAccepted:
     """A model release passed the shell's checks (pinned signer, signature, newer) and its bytes are
     stored as ``ref``."""
@@ -208,7 +217,7 @@ class WiresMeasured:
 
 Event = (Advert | AdvertRejected | ClaimFlags | Ack | Built | BuildFailed | SessionMissing | DeviceRemoved
          | SetWorkload | RemoveWorkload | SetQuotas | Infer | Result | RouteUntrusted | Restore | WiresMeasured
-         | ReleaseAccepted)
+         | ReleaseAccepted | OwnerPaused)
 
 
 # ------------------------------------------------------------------ commands (out)
@@ -374,6 +383,8 @@ class SiteCore:
                 self.router.set_wires(chain, wires, dict(report))
             case ReleaseAccepted():
                 out += self._release(event)
+            case OwnerPaused(seconds):
+                self.registry.credit_pause(seconds)
         return out
 
     def tick(self, now: float, wall: float) -> list[Command]:

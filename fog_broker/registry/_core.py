@@ -387,6 +387,15 @@ class Registry:
                 self._set(rec, new, now)
         return out
 
+    def credit_pause(self, seconds: float) -> None:
+        """The observer was paused for ``seconds``: every live device's silence clock moves by it
+        (a device that really died then is declared lost that much later, never sooner)."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        for rec in self.devices.values():
+            if rec.alive and math.isfinite(rec.last_seen):
+                rec.last_seen += seconds
+
     def next_deadline(self) -> float:
         """The earliest ``now`` at which ``tick`` may change something (for the shell's timer)."""
         best = math.inf

@@ -90,6 +90,29 @@ def test_deadline_suspect_then_dead_after_three_intervals() -> None:
     assert reg.tick(20.0) == []  # reported once
 
 
+def test_a_pause_of_the_observer_moves_the_deadlines_by_its_length() -> None:
+    """The fog's own stall is not the devices' silence: a 4 s pause credited before the tick keeps
+    a device whose adverts the stalled fog could not read; it is lost that much later, not never."""
+    reg = Registry(RegistryConfig(missed_intervals=3, suspect_intervals=1.5))
+    reg.handle(birth(interval=1.0), 0.0)
+    reg.credit_pause(4.0)
+    assert reg.tick(4.5) == []
+    assert reg.get("d1").status is DeviceStatus.LIVE  # type: ignore[union-attr]
+    assert reg.next_deadline() == pytest.approx(5.5)
+    reg.credit_pause(float("nan"))  # ignored, as a negative or zero pause is
+    reg.credit_pause(-1.0)
+    assert [type(c) for c in reg.tick(7.1)] == [DeviceLost]
+    dead_at = reg.get("d1").last_seen  # type: ignore[union-attr]
+    reg.credit_pause(10.0)  # a device already lost stays lost, its record untouched
+    assert reg.get("d1").last_seen == dead_at  # type: ignore[union-attr]
+
+
+def test_without_the_credit_the_same_pause_loses_the_device() -> None:
+    reg = Registry(RegistryConfig(missed_intervals=3, suspect_intervals=1.5))
+    reg.handle(birth(interval=1.0), 0.0)
+    assert [type(c) for c in reg.tick(4.5)] == [DeviceLost]
+
+
 def test_rebirth_requests_are_rate_limited() -> None:
     reg = Registry(RegistryConfig(rebirth_backoff_s=2.0))
     assert [type(c) for c in reg.handle(state(), 0.0)] == [RequestRebirth]

@@ -92,3 +92,25 @@ def test_a_restore_brings_back_workloads_releases_and_quotas_without_sending_any
     assert out == [] and c.follows == {"a": "det"} and c.releases["det"]["version"] == 4
     assert c.controller.workloads["a"].version == 3 and c.counters["releases"] == 0
     assert c.snapshot(0.0).workload("a").slo_s == 0.5  # type: ignore[union-attr]
+
+
+def test_a_paused_owner_does_not_lose_the_devices_it_could_not_hear() -> None:
+    """The shell's OwnerPaused moves the liveness deadlines: after a 4 s stall of the fog's loop the
+    site keeps its device (no loss, nothing re-placed); the same tick without it loses the device."""
+    from fog_broker.site_core import Advert, OwnerPaused
+    from runtime.messages import DeviceBirth
+
+    def fresh() -> SiteCore:
+        c = core()
+        c.handle(Advert(DeviceBirth(device_id="d1", epoch=1, seq=1, site="s", public_key=b"k" * 32, flops=1e9,
+                                    memory_bytes=1_000_000, uplink_bps=1e8, downlink_bps=1e8, rtt_s=0.001,
+                                    power_active_w=5.0, power_idle_w=2.0, state_interval_s=1.0)), 0.0)
+        return c
+
+    def lost(cmds: list) -> bool:
+        return any(isinstance(c, SiteEvent) and c.kind == "device lost" for c in cmds)
+
+    c = fresh()
+    c.handle(OwnerPaused(4.0), 4.5)
+    assert not lost(c.tick(4.5, 1e9))
+    assert lost(fresh().tick(4.5, 1e9))
