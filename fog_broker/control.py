@@ -35,7 +35,8 @@ from runtime.messages import ControlReply, ControlRequest, Envelope
 from runtime.security import TrustStore, Verifier
 from runtime.topics import CTL, INFER
 
-from .placement.model import Quota, SpecError, Workload
+from .placement.model import Quota, Workload
+from .placement.spec import SpecError
 from .ratelimit import OVER, QUARANTINED, Budget, FairShare, LogLimit, RateLimit, SharePolicy
 from .site_core import RemoveWorkload, SetQuotas, SetWorkload
 from .trust import deploy_ref_allowed, may_control

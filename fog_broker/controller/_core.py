@@ -18,15 +18,8 @@ from dataclasses import replace
 
 from runtime.messages import Hop, PartitionStatus
 
-from ..placement.model import (
-    ChainProfile,
-    Fleet,
-    PartitionPlacement,
-    Quota,
-    ReplicaPlacement,
-    Workload,
-    WorkloadPlacement,
-)
+from ..placement.model import ChainProfile, Fleet, Quota, Workload
+from ..placement.plan import PartitionPlacement, ReplicaPlacement, WorkloadPlacement
 from .apply import Applier
 from .model import (
     LOST_REASON,

@@ -9,7 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..placement.model import Fleet, PartitionPlacement, ReplicaPlacement
+from ..placement.model import Fleet
+from ..placement.plan import PartitionPlacement, ReplicaPlacement
 from .model import (
     AWAIT_BUILD,
     Assignment,

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from runtime.messages import Hop
 
-from ..placement.model import ChainProfile, Plan, ReplicaPlacement, Workload
+from ..placement.model import ChainProfile, Workload
+from ..placement.plan import Plan, ReplicaPlacement
 
 __all__ = [
     "Phase", "PartKey", "Assignment", "WorkloadEntry", "ControllerConfig",

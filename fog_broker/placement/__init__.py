@@ -13,19 +13,20 @@ from .model import (
     ChainProfile,
     Device,
     Fleet,
-    PartitionPlacement,
-    Plan,
-    PlanMetrics,
     Quota,
-    ReplicaPlacement,
     Segment,
-    SpecError,
     Taint,
     Toleration,
     Workload,
+    parse_workloads,
+)
+from .plan import (
+    PartitionPlacement,
+    Plan,
+    PlanMetrics,
+    ReplicaPlacement,
     WorkloadPlacement,
     WorkloadResult,
-    parse_workloads,
 )
 from .plugins import (
     GATE_ALIVE,
@@ -43,6 +44,7 @@ from .plugins import (
     Status,
 )
 from .scheduler import SchedulerConfig, schedule
+from .spec import SpecError
 from .validate import validate_plan
 
 __all__ = [

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import ChainProfile, Device, PartitionPlacement
+from .model import ChainProfile, Device
+from .plan import PartitionPlacement
 
 __all__ = [
     "ChainCost", "transfer_time", "transfer_energy", "compute_time", "compute_energy",

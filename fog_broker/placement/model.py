@@ -1,9 +1,10 @@
-"""Plain data of placement: devices, workloads, chain profiles, plans, and their JSON.
+"""Plain data of placement: devices, workloads, chain profiles, and their JSON.
 
 Every class is a frozen, slotted dataclass that checks itself at construction;
 ``from_dict`` turns a malformed document into ``SpecError`` (a ``ValueError``)
 naming the field, so the CLI can print one line and the broker can drop the input.
-The JSON shapes are those of ``COST_MODEL.md``.
+The JSON shapes are those of ``COST_MODEL.md``. Plans live in ``plan.py``; ``SpecError`` and the
+field readers in ``spec.py``.
 """
 from __future__ import annotations
 
@@ -16,19 +17,30 @@ from runtime.chain_profile import segment_dict
 from runtime.devices import RESOURCE_RANGES, DeviceResources, Taint
 from runtime.errors import RemoteViolation
 
+from .spec import (
+    SpecError,
+    _bool,
+    _input_shapes,
+    _int,
+    _list,
+    _num,
+    _obj,
+    _req,
+    _segment_times,
+    _str,
+    _strict,
+    _strmap,
+    _strs,
+)
+
 __all__ = [
-    "SpecError", "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
-    "ChainProfile", "Workload", "Quota", "PartitionPlacement", "ReplicaPlacement",
-    "WorkloadPlacement", "WorkloadResult", "PlanMetrics", "Plan", "parse_workloads",
-    "NO_SCHEDULE_EFFECTS", "Autoscale", "CLASS_KEY", "class_key", "class_label", "measured_times",
+    "Taint", "Toleration", "Battery", "Device", "Fleet", "Segment",
+    "ChainProfile", "Workload", "Quota", "parse_workloads", "NO_SCHEDULE_EFFECTS",
+    "Autoscale", "CLASS_KEY", "class_key", "class_label", "measured_times",
 ]
 
 #: Taint effects that forbid placement (``PreferNoSchedule`` only scores, and we do not score it).
 NO_SCHEDULE_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-
-class SpecError(RemoteViolation):
-    """A fleet, workload or plan document that does not match the documented format."""
 
 
 #: Segment times measured for a device class are keyed ``class:NAME``. ``:`` is in no identifier
@@ -60,109 +72,6 @@ def measured_times(table: Mapping[str, Any], device_id: str, device_class: str) 
         if hit is None:
             hit = table.get(device_class)
     return hit
-
-
-# --- field readers: one place that turns wrong types into SpecError -------------------------
-
-
-def _obj(d: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(d, Mapping):
-        raise SpecError(f"{where}: expected an object, got {type(d).__name__}")
-    return d
-
-
-def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in d:
-        raise SpecError(f"{where}: missing field '{key}'")
-    return d[key]
-
-
-def _num(v: Any, where: str, *, minimum: float | None = 0.0, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise SpecError(f"{where}: expected a finite number, got {v!r}")
-    if positive and v <= 0:
-        raise SpecError(f"{where}: must be > 0, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise SpecError(f"{where}: must be >= {minimum:g}, got {v!r}")
-    return float(v)
-
-
-def _int(v: Any, where: str, *, minimum: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise SpecError(f"{where}: expected an integer, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise SpecError(f"{where}: must be >= {minimum}, got {v!r}")
-    return int(v)
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise SpecError(f"{where}: expected a boolean, got {v!r}")
-    return v
-
-
-def _str(v: Any, where: str, *, empty_ok: bool = False) -> str:
-    if not isinstance(v, str) or (not v and not empty_ok):
-        raise SpecError(f"{where}: expected a non-empty string, got {v!r}")
-    return v
-
-
-def _strmap(v: Any, where: str) -> tuple[tuple[str, str], ...]:
-    m = _obj(v, where)
-    out = []
-    for k, val in m.items():
-        if not isinstance(k, str) or not isinstance(val, str):
-            raise SpecError(f"{where}: labels must map strings to strings, got {k!r}: {val!r}")
-        out.append((k, val))
-    return tuple(sorted(out))
-
-
-def _list(v: Any, where: str) -> Sequence[Any]:
-    if not isinstance(v, list):
-        raise SpecError(f"{where}: expected a list, got {type(v).__name__}")
-    return v
-
-
-def _strs(v: Any, where: str) -> tuple[str, ...]:
-    return tuple(_str(x, f"{where}[{i}]") for i, x in enumerate(_list(v, where)))
-
-
-def _segment_times(v: Any, n: int | None, where: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
-    """``{device id, class or class:NAME: [seconds per segment]}``, every list as long as the chain."""
-    out = []
-    for key, times in _obj(v, where).items():
-        w = f"{where}.{key}"
-        if not isinstance(key, str) or not key:
-            raise SpecError(f"{where}: keys must be device ids or classes, got {key!r}")
-        secs = tuple(_num(t, f"{w}[{i}]") for i, t in enumerate(_list(times, w)))
-        if n is not None and len(secs) != n:
-            raise SpecError(f"{w}: {len(secs)} segment times for a chain of {n} segments")
-        out.append((key, secs))
-    return tuple(sorted(out))
-
-
-def _strict(d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-    """Unknown fields are errors, not ignored (kubectl's strict field validation): the first one is
-    named, with the closest known field when one is close (a typo)."""
-    import difflib
-
-    for key in d:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
-            hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(sorted(known))})"
-            raise SpecError(f"{where}: unknown field '{str(key)[:60]}'{hint}")
-
-
-def _input_shapes(v: Any, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    out = []
-    for name, dims in _obj(v, where).items():
-        w = f"{where}.{name}"
-        out.append((str(name), tuple(_int(x, f"{w}[{i}]", minimum=1)
-                                     for i, x in enumerate(_list(dims, w)))))
-    return tuple(out)
 
 
 # --- fleet ----------------------------------------------------------------------------------
@@ -791,156 +700,3 @@ def parse_workloads(d: Any) -> tuple[tuple[Workload, ...], dict[str, Quota]]:
     quotas = {str(t): Quota.from_dict(q, f"quotas.{t}")
               for t, q in _obj(d.get("quotas", {}) or {}, "quotas").items()}
     return wls, quotas
-
-
-# --- plans ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionPlacement:
-    """Segments ``first..last`` (inclusive) run on ``device``."""
-
-    first: int
-    last: int
-    device: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"segments": [self.first, self.last], "device": self.device}
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "partition") -> PartitionPlacement:
-        d = _obj(d, where)
-        seg = _list(_req(d, "segments", where), f"{where}.segments")
-        if len(seg) != 2:
-            raise SpecError(f"{where}.segments: expected [first, last]")
-        return cls(_int(seg[0], f"{where}.segments[0]", minimum=0),
-                   _int(seg[1], f"{where}.segments[1]", minimum=0),
-                   _str(_req(d, "device", where), f"{where}.device"))
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaPlacement:
-    """One replica chain with its predicted cost under the reference model."""
-
-    partitions: tuple[PartitionPlacement, ...]
-    latency_s: float
-    energy_j: float
-    #: The slowest pipeline stage (s), set for throughput workloads (0: not computed).
-    bottleneck_s: float = 0.0
-
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return tuple(p.device for p in self.partitions)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"partitions": [p.to_dict() for p in self.partitions],
-               "latency_s": self.latency_s, "energy_j": self.energy_j}
-        if self.bottleneck_s > 0:
-            out["bottleneck_s"] = self.bottleneck_s
-            out["frames_per_s"] = 1.0 / self.bottleneck_s
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "replica") -> ReplicaPlacement:
-        d = _obj(d, where)
-        parts = _list(_req(d, "partitions", where), f"{where}.partitions")
-        return cls(tuple(PartitionPlacement.from_dict(p, f"{where}.partitions[{i}]")
-                         for i, p in enumerate(parts)),
-                   _num(d.get("latency_s", 0.0), f"{where}.latency_s"),
-                   _num(d.get("energy_j", 0.0), f"{where}.energy_j"),
-                   _num(d.get("bottleneck_s", 0.0), f"{where}.bottleneck_s"))
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadPlacement:
-    """What runs for one workload: its replica chains, the primary first."""
-
-    replicas: tuple[ReplicaPlacement, ...]
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "placement") -> WorkloadPlacement:
-        d = _obj(d, where)
-        reps = _list(_req(d, "replicas", where), f"{where}.replicas")
-        return cls(tuple(ReplicaPlacement.from_dict(r, f"{where}.replicas[{i}]")
-                         for i, r in enumerate(reps)))
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadResult:
-    """One workload's outcome: placed (with replicas) or pending (with a reason per failed gate).
-
-    ``reasons`` are sentences for people; ``detail`` holds the same facts as ids and numbers
-    (node-reason histogram, bytes asked and free) for programs.
-    """
-
-    name: str
-    status: str  # "placed" | "pending"
-    replicas: tuple[ReplicaPlacement, ...] = ()
-    reasons: tuple[tuple[str, str], ...] = ()
-    detail: tuple[tuple[str, Any], ...] = ()
-    kept: bool = False
-
-    @property
-    def placed(self) -> bool:
-        return self.status == "placed"
-
-    @property
-    def placement(self) -> WorkloadPlacement:
-        return WorkloadPlacement(self.replicas)
-
-    @property
-    def reason_map(self) -> dict[str, str]:
-        return dict(self.reasons)
-
-    @property
-    def detail_map(self) -> dict[str, Any]:
-        return dict(self.detail)
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.placed:
-            return {"name": self.name, "status": "placed",
-                    "replicas": [r.to_dict() for r in self.replicas]}
-        return {"name": self.name, "status": "pending", "reasons": dict(self.reasons)}
-
-
-@dataclass(frozen=True, slots=True)
-class PlanMetrics:
-    """Site metrics of COST_MODEL.md; ``solve_s`` is filled in by the shell (the core reads no clock)."""
-
-    utilization: float
-    fragmentation: float
-    solve_s: float = 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return {"utilization": self.utilization, "fragmentation": self.fragmentation,
-                "solve_s": self.solve_s}
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The scheduler's answer: one result per workload (input order), the evicted names, metrics."""
-
-    workloads: tuple[WorkloadResult, ...]
-    evicted: tuple[str, ...]
-    metrics: PlanMetrics
-
-    def result(self, name: str) -> WorkloadResult:
-        for r in self.workloads:
-            if r.name == name:
-                return r
-        raise KeyError(name)
-
-    @property
-    def placements(self) -> dict[str, WorkloadPlacement]:
-        """Feed back as ``current`` on the next reconcile."""
-        return {r.name: r.placement for r in self.workloads if r.placed}
-
-    def with_solve_s(self, seconds: float) -> Plan:
-        m = self.metrics
-        return Plan(self.workloads, self.evicted,
-                    PlanMetrics(m.utilization, m.fragmentation, seconds))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"workloads": [r.to_dict() for r in self.workloads],
-                "evicted": list(self.evicted),
-                "metrics": self.metrics.to_dict()}

@@ -28,11 +28,11 @@ from .model import (
     Device,
     Fleet,
     Quota,
-    ReplicaPlacement,
     Segment,
     Taint,
     Workload,
 )
+from .plan import ReplicaPlacement
 
 __all__ = [
     "Code", "Status", "Filter", "NodeView", "Context", "Tally", "filters", "first_failure",

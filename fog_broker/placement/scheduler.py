@@ -23,15 +23,12 @@ import numpy as np
 from .chain import DeviceTable, min_segment_memory
 from .cost import chain_cost
 from .metrics import site_metrics
-from .model import (
-    Fleet,
+from .model import Fleet, Quota, Workload
+from .plan import (
     PartitionPlacement,
     Plan,
     PlanMetrics,
-    Quota,
     ReplicaPlacement,
-    SpecError,
-    Workload,
     WorkloadPlacement,
     WorkloadResult,
 )
@@ -49,6 +46,7 @@ from .plugins import (
     pending_reasons,
     unmeasured_leads,
 )
+from .spec import SpecError
 
 __all__ = ["SchedulerConfig", "schedule"]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .model import Device, Fleet, Plan, Quota, Workload
+from .model import Device, Fleet, Quota, Workload
+from .plan import Plan
 
 __all__ = ["validate_plan"]
 

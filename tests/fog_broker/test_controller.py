@@ -376,7 +376,7 @@ def test_a_partition_that_failed_on_a_device_is_not_sent_back_to_it() -> None:
 
 
 def test_a_replanned_key_on_the_same_device_ignores_reports_of_the_old_partition() -> None:
-    from fog_broker.placement.model import PartitionPlacement, ReplicaPlacement
+    from fog_broker.placement.plan import PartitionPlacement, ReplicaPlacement
 
     c = Controller(schedule)
     c.set_workload(workload(), 1)

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from fog_broker.placement import Fleet, Workload, schedule
-from fog_broker.placement.model import Device, SpecError
+from fog_broker.placement.model import Device
+from fog_broker.placement.spec import SpecError
 from fog_broker.registry import DeviceLost, DeviceStatus, Registry, capacity_flags
 from fog_broker.trust import BirthLimits, bound_birth
 from runtime import codec
