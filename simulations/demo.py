@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import threading
@@ -29,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from runtime import children
 from runtime.broker import free_port
 
+from .demo_procs import ChildDied, Processes, _on_sigterm, _reap, _restore_sigterm, _wait
+from .demo_report import STEPS, Reporter, _failure_reason, _progress, failure_line, write_report
 from .local_site import LocalSite
 
 __all__ = ["SITES", "STEPS", "Budgets", "DemoConfig", "run_demo", "site_sizes", "failure_line", "write_report"]
@@ -42,10 +41,6 @@ SITES = ("store-1", "store-2")  # the first one is the canary of every release r
 CANARY = SITES[0]
 RELEASE = "digits-cnn"
 REPO = Path(__file__).resolve().parents[1]
-# the demo's steps, in order (the report names the one that failed by these)
-STEPS = ("sites", "agents", "deploy", "serve", "re-place", "federated", "rollout")
-FAIL_AT_ENV = "FOGLINE_DEMO_FAIL_AT"  # a step name or number: fail there (tests of the failure path)
-DEMO_REPORT = "report.json"  # OUT/report.json: written at each step, and in full at the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,243 +111,6 @@ def site_sizes(agents: int) -> tuple[int, int]:
     return first, agents - first
 
 
-class Processes:
-    """Every child of the demo, in its own session, killed on exit whatever happens."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        # watched only (each stops its own): name -> (process, its log); a fog broker is a LocalSite
-        self.others: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-        self.fatal: dict[str, Path] = {}      # name -> the fatal.json it writes when it gives up
-        self.started: dict[str, float] = {}   # name -> wall clock at start (a fatal.json older is stale)
-        self.killed: set[str] = set()         # killed on purpose by the demo: not a failure
-        logs.mkdir(parents=True, exist_ok=True)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *,
-              fatal: Path | None = None, whole_tree: bool = False) -> subprocess.Popen[bytes]:
-        proc = children.spawn(argv, log=self.logs / f"{name}.log", env=env, whole_tree=whole_tree)
-        self.procs[name] = proc
-        self.started[name] = time.time()
-        self.killed.discard(name)
-        if fatal is not None:
-            self.fatal[name] = fatal
-        return proc
-
-    def watch(self, name: str, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
-        if proc is not None:
-            self.others[name] = (proc, log)
-
-    def reason(self, name: str) -> str:
-        """Why ``name`` stopped, in its own words: its fatal.json (if written since it started),
-        else the last error line of its log."""
-        fatal = self.fatal.get(name)
-        if fatal is not None:
-            try:
-                doc = json.loads(fatal.read_text())
-                if isinstance(doc, dict) and float(doc.get("at", 0)) >= self.started.get(name, 0) - 1:
-                    return _one_line(f"{doc.get('error', 'stopped')} ({fatal})")
-            except (OSError, ValueError, TypeError):
-                pass
-        log = self.others[name][1] if name in self.others else self.logs / f"{name}.log"
-        return last_error_line(log)
-
-    def check(self, *names: str) -> None:
-        """Raise ``ChildDied`` if one of ``names`` (``prefix*`` for a group) has exited, unless the
-        demo killed it on purpose; the message names the child, how it ended, its reason and log."""
-        # the fogs first: an agent that exits because its fog died is not the news
-        procs = {**{n: p for n, (p, _) in self.others.items()}, **self.procs}
-        for name, proc in procs.items():
-            if name in self.killed or not any(name == n or (n.endswith("*") and name.startswith(n[:-1]))
-                                              for n in names):
-                continue
-            code = proc.poll()
-            if code is not None:
-                log = self.others[name][1] if name in self.others else self.logs / f"{name}.log"
-                raise ChildDied(f"{name} exited ({_exit_text(code)}): {self.reason(name)} [log {log}]")
-
-    def watching(self, *names: str) -> Callable[[], None]:
-        return lambda: self.check(*names)
-
-    def kill9(self, name: str) -> None:
-        self.killed.add(name)
-        proc = self.procs[name]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            # the whole session, even when its leader is gone: children it spawned (Flower's
-            # SuperExec, verify workers) may outlive a SIGTERM to the leader
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if proc.poll() is None:
-                proc.wait(timeout=5)
-
-
-def _reap(work: Path, grace_s: float = 3.0) -> None:
-    """Whatever still names the demo's directory (Flower's detached SuperExec, which waits to notice
-    its SuperLink is gone) gets ``grace_s`` to exit, then SIGKILL: the demo leaves nothing behind."""
-    import psutil
-
-    def strays() -> list[Any]:
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                cmd = p.info["cmdline"] or []
-                ours = any(k in " ".join(cmd) for k in ("flower-", "flwr", "runtime.cli", "edge_agent", "mosquitto"))
-                if p.pid != os.getpid() and ours and any(str(work) in part for part in cmd):
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return found
-    _, alive = psutil.wait_procs(strays(), timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-
-
-def _wait(what: str, cond: Callable[[], Any], timeout: float, poll: float = 0.2,
-          watch: Callable[[], None] | None = None) -> Any:
-    """Poll ``cond`` until truthy. ``watch`` raises (``ChildDied``) when a child the condition depends
-    on has exited: the wait then stops at once with that child's reason instead of timing out."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while True:
-        past = time.monotonic() >= deadline
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - a process still starting answers with errors
-            last_exc = exc
-        if watch is not None:
-            try:
-                watch()
-            except ChildDied:
-                try:  # the child may have finished its work and exited just now
-                    if value := cond():
-                        return value
-                except Exception:  # noqa: BLE001 - the child's death is the error to report, not this
-                    pass
-                raise
-        if past:
-            break
-        time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}"
-                       + (f" (last error: {last_exc})" if last_exc else ""))
-
-
-class ChildDied(RuntimeError):
-    """A child process the demo was waiting on exited; the message carries its own reason."""
-
-
-def last_error_line(log: Path, max_bytes: int = 64_000) -> str:
-    """The line of ``log`` that says why its process stopped: the last one naming an error (a
-    traceback's exception line, an ``error:`` line), else the last non-empty one."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError as exc:
-        return f"(no log: {exc.strerror or exc})"
-    for line in reversed(lines):
-        if _ERRORISH.search(line):
-            return _one_line(line)
-    return _one_line(lines[-1]) if lines else "(empty log)"
-
-
-_ERRORISH = re.compile(r"error|exception|fatal|critical|traceback|refused|denied|cannot|failed", re.IGNORECASE)
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    flat = " | ".join(part.strip() for part in str(text).splitlines() if part.strip())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-class Reporter:
-    """Step lines and a progress bar for people; a JSON record for scripts."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.t0 = time.monotonic()
-        self.steps: list[dict[str, Any]] = []
-        self.on_step: Callable[[], object] | None = None
-        try:
-            from rich.console import Console
-
-            self.console: Any = Console(stderr=True, highlight=False)
-        except ImportError:  # rich is in the [sim] extra
-            self.console = None
-
-    def say(self, text: str) -> None:
-        if self.quiet:
-            return
-        stamp = f"[{time.monotonic() - self.t0:6.1f}s]"
-        if self.console is not None:
-            self.console.print(f"[dim]{stamp}[/dim] {text}")
-        else:
-            print(f"{stamp} {text}", file=sys.stderr)
-
-    def step(self, name: str, title: str) -> None:
-        """Step ``name`` (one of ``STEPS``) begins: the one before is done; the partial report is
-        written now, so even a demo killed with SIGKILL leaves one naming the step it was in."""
-        now = round(time.monotonic() - self.t0, 2)
-        self.finish(now)
-        n = STEPS.index(name) + 1
-        self.steps.append({"n": n, "name": name, "step": title, "at_s": now, "status": "running"})
-        self.say(f"[bold cyan]==> {n}/{len(STEPS)} {title}[/bold cyan]" if self.console
-                 else f"==> {n}/{len(STEPS)} {title}")
-        if self.on_step is not None:
-            self.on_step()
-        want = os.environ.get(FAIL_AT_ENV, "")
-        if want in (name, str(n)):
-            raise RuntimeError(f"failure injected at step {n} ({FAIL_AT_ENV}={want})")
-
-    def finish(self, now: float | None = None) -> None:
-        """The running step (if any) is done."""
-        if self.steps and self.steps[-1]["status"] == "running":
-            now = round(time.monotonic() - self.t0, 2) if now is None else now
-            self.steps[-1].update(status="done", took_s=round(now - self.steps[-1]["at_s"], 2))
-
-    def fail(self, error: str) -> dict[str, Any]:
-        """The running step failed with ``error`` (one line); returns that step's record."""
-        if not self.steps or self.steps[-1]["status"] != "running":
-            self.steps.append({"n": 0, "name": "setup", "step": "set up", "at_s": 0.0, "status": "running"})
-        self.steps[-1].update(status="failed", error=error,
-                              took_s=round(time.monotonic() - self.t0 - self.steps[-1]["at_s"], 2))
-        return self.steps[-1]
-
-
 def _python() -> list[str]:
     return [sys.executable, "-m"]
 
@@ -367,23 +125,6 @@ def _reference_output(x: np.ndarray) -> tuple[dict[str, np.ndarray], Any]:
     name = sess.get_inputs()[0].name
     outs = sess.run(None, {name: x})
     return {o.name: v for o, v in zip(sess.get_outputs(), outs)}, name
-
-
-def _progress(rep: Reporter, total: int, what: str) -> Callable[[int], None]:
-    if rep.quiet:
-        return lambda n: None
-    last = [-1]
-
-    def update(n: int) -> None:
-        pct = n * 100 // total
-        if pct // 10 != last[0] // 10 or n == total:
-            last[0] = pct
-            bar = "#" * (pct // 5) + "." * (20 - pct // 5)
-            rep.say(f"  [{bar}] {n}/{total} {what}")
-
-    return update
-
-
 
 
 @dataclass(slots=True)
@@ -706,51 +447,6 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         result["incomplete"] = done != list(STEPS)
         result["status"] = "failed" if result.get("failed_step") else "done"
     return result
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the demo: it stops like on Ctrl-C (cleanup, then the partial report)."""
-
-
-def _on_sigterm() -> Any:
-    """SIGTERM raises ``Terminated`` in the main thread (elsewhere signals cannot be set: left alone)."""
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated("SIGTERM")
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)
-
-
-def _restore_sigterm(old: Any) -> None:
-    if old is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, old)
-
-
-def _failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt):
-        return f"interrupted ({exc or 'SIGINT'})"
-    if isinstance(exc, (ChildDied, TimeoutError)):
-        return _one_line(str(exc), 500)
-    return _one_line(f"{type(exc).__name__}: {exc}", 500)
-
-
-def write_report(out: Path, result: dict[str, Any]) -> Path:
-    """``OUT/report.json``, atomically (a reader never sees half of one)."""
-    from runtime.files import atomic_write
-
-    path = out / DEMO_REPORT
-    atomic_write(path, json.dumps(result, indent=1, default=str))
-    return path
-
-
-def failure_line(result: dict[str, Any]) -> str | None:
-    """The one line a failed demo ends with: the step, why, and where its logs and report are."""
-    step = result.get("failed_step")
-    if not step:
-        return None
-    where = f"step {step['n']}/{len(STEPS)} ({step['name']})" if step.get("n") else "set-up"
-    return f"demo failed at {where}: {step.get('error')}; logs: {result.get('logs')}"
 
 
 def _running(client: Any, name: str) -> dict[str, Any] | None:

@@ -19,7 +19,8 @@ from typing import Any
 import psutil
 import pytest
 
-from simulations.demo import FAIL_AT_ENV, STEPS, Budgets, DemoConfig
+from simulations.demo import Budgets, DemoConfig
+from simulations.demo_report import FAIL_AT_ENV, STEPS
 
 from waiting import wait_for
 

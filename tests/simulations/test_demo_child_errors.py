@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.demo import ChildDied, Processes, _wait, failure_line, last_error_line
+from simulations.demo_procs import ChildDied, Processes, _wait, last_error_line
+from simulations.demo_report import failure_line
 
 pytestmark = pytest.mark.integration
 
