@@ -87,7 +87,7 @@ _HOME = {
     "ChainProfile": "cuts", "Cut": "cuts", "Segment": "cuts", "chain_profile": "cuts",
     "enumerate_cuts": "cuts", "resolve_cuts": "cuts", "cut_points": "cuts",
     "max_partitions": "cuts",
-    "GraphAnalysis": "graph", "TensorInfo": "graph", "analyze": "graph", "load_model": "graph",
+    "GraphAnalysis": "graph", "TensorInfo": "graph", "analyze": "graph", "load_model": "graph_files",
     "set_input_shapes": "graph", "serving_dims": "graph",
     "SegmentTimes": "timing", "time_segments": "timing",
     "ModelError": "errors", "ProfileWarning": "errors",
