@@ -259,7 +259,8 @@ def model_profile(model: Any, max_segments: int = MAX_SEGMENTS, input_shapes: An
     sit at its tail, which would leave one partition with nearly all the work.
     """
     from models.cuts import chain_profile
-    from models.graph import GraphAnalysis, load_model, serving_dims
+    from models.graph import GraphAnalysis, serving_dims
+    from models.graph_files import load_model
     from models.probe import analyze
 
     if not isinstance(model, GraphAnalysis):

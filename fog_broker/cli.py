@@ -59,7 +59,8 @@ def _resolve_models(workloads: Any, base: Path, cli_shapes: dict[str, list[int]]
     try:
         from models.cuts import DEFAULT_SEGMENTS, chain_profile
         from models.errors import ModelError
-        from models.graph import load_model, serving_dims
+        from models.graph import serving_dims
+        from models.graph_files import load_model
         from models.probe import analyze
     except ImportError:
         return tuple(workloads)  # model workloads stay pending with a "model" reason

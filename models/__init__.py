@@ -9,13 +9,17 @@ Pure code (no network, no threads, no clocks). Public API, stable for other pack
   -> GraphAnalysis`` (load + check + sizing once; every function below also accepts one; a
   model only a run can size needs ``probe``: use ``models.probe.analyze``, which passes it),
   ``set_input_shapes(model, {"x": [1, 3, 224, 224]})``, ``pin_dims``.
-  ``serving_dims(model, input_shapes)`` (named dims the broker pins at 1). Models with
-  weights in side files (external data, also over 2 GB) are read from their path; each
-  partition then loads only its own weights.
+  ``serving_dims(model, input_shapes)`` (named dims the broker pins at 1). The core takes
+  bytes, a proto or a ``ModelFile``, never a path: it does no file I/O.
+- ``models.graph_files`` (shell: files): ``open_model(path) -> ModelFile`` (the bytes plus
+  the disk behind them), ``load_model`` (also takes a path), ``resolve_external(dir,
+  location)``. Models with weights in side files (external data, also over 2 GB) are read
+  from their path; each partition then loads only its own weights through the ModelFile's
+  side files. ``models.probe.analyze`` takes a path too.
 - ``models.external``: where side files may be: ``external_tensors(model)`` (every tensor
-  kept in one), ``external_location_error(location)`` (the pure path rule),
-  ``resolve_external(dir, location)``. Model bytes or a proto with side files are refused:
-  they have no directory, and the working directory is nobody's model.
+  kept in one), ``external_location_error(location)`` (the pure path rule). Model bytes or
+  a proto with side files are refused: they have no directory, and the working directory
+  is nobody's model.
 - ``models.feeds``: ``make_feeds``, ``feeds_for`` (inputs for one run; pure, shared by graph and
   probe). ``models.probe`` (shell: onnxruntime): ``run_shapes`` (the one run that sizes what static
   inference cannot; the probe ``analyze`` takes), ``analyze`` (``models.graph.analyze`` with
@@ -87,7 +91,7 @@ _HOME = {
     "ChainProfile": "cuts", "Cut": "cuts", "Segment": "cuts", "chain_profile": "cuts",
     "enumerate_cuts": "cuts", "resolve_cuts": "cuts", "cut_points": "cuts",
     "max_partitions": "cuts",
-    "GraphAnalysis": "graph", "TensorInfo": "graph", "analyze": "graph", "load_model": "graph",
+    "GraphAnalysis": "graph", "TensorInfo": "graph", "analyze": "graph", "load_model": "graph_files",
     "set_input_shapes": "graph", "serving_dims": "graph",
     "SegmentTimes": "timing", "time_segments": "timing",
     "ModelError": "errors", "ProfileWarning": "errors",

@@ -6,22 +6,20 @@ as bytes, against the working directory of whoever loads it. Model bytes that ca
 anyone else (an upload, a release, a partition) are data, never paths: ``external_tensors``
 finds every such tensor so callers refuse them. Only a model file on the user's own disk
 (``fogline models split``) may keep side files, and each must be a regular file inside that
-file's directory, reached without a symlink (``resolve_external``).
+file's directory, reached without a symlink (``models.graph_files.resolve_external``, the
+shell: this module is pure).
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PureWindowsPath
+from pathlib import PureWindowsPath
 
 import onnx
 
-from models.errors import ModelError
-
 __all__ = ["ExternalTensor", "external_location_error", "external_tensors", "inline_only",
-           "location_of", "resolve_external", "uses_external_data"]
+           "location_of", "uses_external_data"]
 
 _SEP = re.compile(r"[\\/]")
 
@@ -94,25 +92,3 @@ def external_location_error(location: str) -> str:
     if ".." in _SEP.split(location):
         return "a location with '..'"
     return ""
-
-
-def resolve_external(base_dir: str | os.PathLike[str], location: str, tensor: str = "?",
-                     label: str = "") -> Path:
-    """The side file ``location`` names in ``base_dir``: a regular file inside it, no symlink on the way.
-
-    ModelError otherwise (one line). The lexical rules are ``external_location_error``'s; the
-    real path must then equal the lexical one, so no component is a symlink (out or in).
-    """
-    why = external_location_error(location)
-    if not why:
-        base = os.path.realpath(base_dir)
-        lexical = os.path.normpath(os.path.join(base, location))
-        real = os.path.realpath(lexical)
-        if real != lexical or not real.startswith(base.rstrip(os.sep) + os.sep):
-            why = "a location through a symlink"
-        elif not os.path.isfile(real):
-            why = f"a missing side file {location[:200]!r}"
-        else:
-            return Path(real)
-    raise ModelError(f"{label + ': ' if label else ''}weight {tensor[:64]!r}: external data must be "
-                     f"a file next to the model, and it has {why}")

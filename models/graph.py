@@ -14,7 +14,6 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Protocol, Union
 
 import numpy as np
@@ -22,15 +21,17 @@ import onnx
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from models.errors import ModelError
-from models.external import external_tensors, inline_only, resolve_external, uses_external_data
+from models.external import external_tensors, inline_only, uses_external_data
 from models.feeds import make_feeds
 
 __all__ = [
     "GraphAnalysis",
     "InputShapes",
+    "ModelFile",
     "ModelSource",
     "ProbeFn",
     "ShapeSource",
+    "SideFiles",
     "TensorInfo",
     "analyze",
     "load_model",
@@ -41,7 +42,7 @@ __all__ = [
     "uses_external_data",
 ]
 
-ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto, "GraphAnalysis"]
+ModelSource = Union[bytes, onnx.ModelProto, "GraphAnalysis", "ModelFile"]
 InputShapes = Mapping[str, Sequence[int]]
 ShapeSource = Literal["auto", "run", "static"]
 
@@ -57,6 +58,35 @@ class ProbeFn(Protocol):
                  names: Sequence[str], *, external_dir: str | None = None,
                  ) -> Mapping[str, tuple[tuple[int, ...], str, int]]: ...
 
+
+class SideFiles(Protocol):
+    """The disk behind a model file, passed in by its shell (``models.graph_files``).
+
+    The core never opens a file: the checker, the side-file rule and the weights kept in side
+    files (ONNX external data) all go through this. Raises ModelError (one line) on bad files.
+    """
+
+    @property
+    def directory(self) -> str:
+        """Where the side files are (the model file's resolved directory)."""
+
+    def check(self) -> None:
+        """The ONNX checker on the file itself (side files found next to it)."""
+
+    def check_location(self, location: str, tensor: str, label: str) -> None:
+        """Refuse ``location`` unless it is a regular side file in ``directory``."""
+
+    def load(self, tensor: onnx.TensorProto, location: str, label: str) -> None:
+        """Read ``tensor``'s external data from its side file into it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFile:
+    """A model file as its shell read it: bytes to parse and the disk behind them."""
+
+    data: bytes
+    label: str
+    files: SideFiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +164,8 @@ class GraphAnalysis:
     # Where the weights kept in side files (ONNX external data) live; '' when inline.
     # They are never read whole: each partition loads only the initializers it holds.
     external_dir: str = ""
+    # How to read them (None: bytes or a proto, whose locations are nobody's files).
+    side_files: SideFiles | None = field(default=None, repr=False)
 
     @property
     def input_bytes(self) -> int:
@@ -141,19 +173,17 @@ class GraphAnalysis:
 
 
 def _label(src: object) -> str:
-    if isinstance(src, (str, os.PathLike)):
-        return str(src)
+    if isinstance(src, ModelFile):
+        return src.label
     return "model"
 
 
 def _read(src: object, label: str) -> bytes:
-    if isinstance(src, (str, os.PathLike)):
-        try:
-            data = Path(src).read_bytes()
-        except FileNotFoundError:
-            raise ModelError(f"{label}: no such file") from None
-        except OSError as exc:
-            raise ModelError(f"{label}: cannot read: {exc.strerror}") from None
+    if isinstance(src, ModelFile):
+        data = src.data
+    elif isinstance(src, (str, os.PathLike)):
+        raise ModelError(f"{os.fspath(src)}: a path is read by a shell: pass "
+                         f"models.graph_files.open_model(path) or use models.probe.analyze")
     elif isinstance(src, (bytes, bytearray, memoryview)):
         data = bytes(src)
     else:
@@ -175,22 +205,25 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check(model: onnx.ModelProto | bytes, label: str, path: str | None = None) -> None:
+def _check(model: onnx.ModelProto | bytes, label: str, files: SideFiles | None = None) -> None:
     """Run the ONNX checker (on bytes when we have them: no re-serialisation).
 
-    With ``path``, the checker reads the file itself, so weights kept in side files
-    (ONNX external data) are found next to it, not in the working directory.
+    With ``files``, the checker runs on the file itself through its shell, so weights kept
+    in side files (ONNX external data) are found next to it, not in the working directory.
     """
     try:
-        onnx.checker.check_model(path if path is not None else model)
+        if files is not None:
+            files.check()
+        else:
+            onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
         if isinstance(model, bytes):
             _parse(model, label)  # a parse failure gives the clearer message
         raise ModelError(f"{label}: invalid ONNX model: {_first_line(exc)}") from None
 
 
-def _path_of(src: object) -> str | None:
-    return os.fspath(src) if isinstance(src, (str, os.PathLike)) else None
+def _files_of(src: object) -> SideFiles | None:
+    return src.files if isinstance(src, ModelFile) else None
 
 
 def _external_dir(model: onnx.ModelProto, src: object, label: str) -> str:
@@ -204,23 +237,22 @@ def _external_dir(model: onnx.ModelProto, src: object, label: str) -> str:
     ext = external_tensors(model)
     if not ext:
         return ""
-    path = _path_of(src)
-    if path is None:
+    files = _files_of(src)
+    if files is None:
         raise ModelError(inline_only(label, ext[0].name))
     inner = next((e for e in ext if not e.initializer), None)
     if inner is not None:
         raise ModelError(f"{label}: tensor {inner.name[:64]!r} outside the graph's initializers "
                          f"(a node attribute or a subgraph) keeps its data in an external file; "
                          f"unsupported: only initializers may")
-    base = str(Path(path).resolve().parent)
     for e in ext:
-        resolve_external(base, e.location, e.name, label)
-    return base
+        files.check_location(e.location, e.name, label)
+    return files.directory
 
 
 def load_model(src: ModelSource, *, dims: Mapping[str, int] | None = None,
                input_shapes: InputShapes | None = None) -> onnx.ModelProto:
-    """Parse and check a model from a path, bytes or proto; bad input raises ModelError.
+    """Parse and check a model from bytes, a proto or a ``ModelFile``; bad input raises ModelError.
 
     ``dims`` pins named symbolic dims of the inputs, ``input_shapes`` gives whole input
     shapes (anonymous ``?`` dims included); both return a copy.
@@ -231,7 +263,7 @@ def load_model(src: ModelSource, *, dims: Mapping[str, int] | None = None,
     model = src if isinstance(src, onnx.ModelProto) else _parse(_read(src, label), label)
     if len(model.graph.node) == 0:
         raise ModelError(f"{label}: invalid ONNX model: the graph has no nodes")
-    _check(model, label, _path_of(src))
+    _check(model, label, _files_of(src))
     if dims:
         model = pin_dims(model, dims)
     if input_shapes:
@@ -619,7 +651,7 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
         # Fast path for files and bytes: check and infer straight from the bytes,
         # parsing only the inferred result (a 2.4 MB model parses in milliseconds).
         source = _read(src, label)
-        _check(source, label, _path_of(src))
+        _check(source, label, _files_of(src))
         model_name = ""
     inferred, why_not = _infer(source, label)
     if len(inferred.graph.node) == 0:
@@ -753,6 +785,7 @@ def analyze(src: ModelSource, *, dims: Mapping[str, int] | None = None,
         shape_source=source_used,
         declared=declared or vis,
         external_dir=ext_dir,
+        side_files=_files_of(src) if ext_dir else None,
     )
 
 

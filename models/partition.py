@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_tensor
 
 from models.cuts import (
     ChainProfile,
@@ -28,7 +27,7 @@ from models.cuts import (
     resolve_cuts,
 )
 from models.errors import ModelError
-from models.external import inline_only, location_of, resolve_external
+from models.external import inline_only, location_of
 from models.graph import (
     GraphAnalysis,
     ModelSource,
@@ -161,14 +160,10 @@ class Partitioner:
             t.CopyFrom(src)  # for an external weight: only its name, type and file offset
             if not uses_external_data(src):
                 continue
-            if not self.ga.external_dir:  # bytes or a proto: its locations are nobody's files
+            files = self.ga.side_files
+            if not self.ga.external_dir or files is None:  # bytes or a proto: nobody's files
                 raise ModelError(inline_only(self.ga.name or "model", name))
-            resolve_external(self.ga.external_dir, location_of(src), name, self.ga.name)
-            try:
-                load_external_data_for_tensor(t, self.ga.external_dir)
-            except (OSError, ValueError) as exc:
-                raise ModelError(f"{self.ga.name}: cannot read the external data of weight "
-                                 f"'{name}' from {self.ga.external_dir}: {exc}") from None
+            files.load(t, location_of(src), self.ga.name)
             t.data_location = onnx.TensorProto.DEFAULT
             del t.external_data[:]
 

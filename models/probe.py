@@ -128,10 +128,13 @@ def run_shapes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     return out
 
 
-def analyze(src: graph.ModelSource, *, dims: Mapping[str, int] | None = None,
+def analyze(src: graph.ModelSource | str | os.PathLike[str], *, dims: Mapping[str, int] | None = None,
             input_shapes: graph.InputShapes | None = None,
             input_values: Mapping[str, object] | None = None,
             shapes: graph.ShapeSource = "auto") -> graph.GraphAnalysis:
-    """``models.graph.analyze`` sizing what static inference cannot with one run (``run_shapes``)."""
-    return graph.analyze(src, dims=dims, input_shapes=input_shapes, input_values=input_values,
+    """``models.graph.analyze`` sizing what static inference cannot with one run (``run_shapes``);
+    a path is read by ``models.graph_files``."""
+    from models.graph_files import source
+
+    return graph.analyze(source(src), dims=dims, input_shapes=input_shapes, input_values=input_values,
                          shapes=shapes, probe=run_shapes)

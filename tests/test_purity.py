@@ -86,13 +86,7 @@ ALLOWED = {
 }
 
 # Cores that say they are pure and are not (yet). Fix the source, then delete the line.
-_GRAPH_FILES = ("reads model files (models.graph: Path.read_bytes, Path.resolve; models.external: "
-                "os.path.realpath/isfile): needs a bytes-in core and a thin file shell")
 NOT_YET: dict[str, str] = {
-    "models.graph": _GRAPH_FILES,
-    "models.profile": _GRAPH_FILES,
-    "models.cuts": _GRAPH_FILES,
-    "models.partition": _GRAPH_FILES,
     "cloud_coordinator.registration": "in the import contract (no runtime libraries) but logs, reads "
                                       "the clock, runs a thread pool and writes files (runtime.files)",
 }
@@ -251,7 +245,7 @@ def test_the_check_sees_lazy_imports_members_and_chains() -> None:
                for v in violations("edge_agent.executor"))
     assert any("uses os.environ" in v for v in violations("cloud_coordinator.settings"))
     assert any("uses open" in v for v in violations("runtime.security"))
-    assert any("uses os.path.realpath" in v for v in violations("models.external"))
+    assert any("uses os.path.realpath" in v for v in violations("models.graph_files"))
 
 
 def test_a_planted_path_read_in_a_pure_core_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -8,7 +8,8 @@ from onnx import TensorProto, helper
 from models import zoo
 from models.cuts import chain_profile, enumerate_cuts
 from models.errors import ModelError
-from models.graph import analyze, load_model, pin_dims
+from models.graph import analyze, pin_dims
+from models.graph_files import load_model, open_model
 from models.partition import split
 from models.profile import profile_model
 from runtime.errors import FoglineError
@@ -41,13 +42,13 @@ def test_bad_files(tmp_path, payload, match: str, fn) -> None:
     path = tmp_path / "bad.onnx"
     path.write_bytes(payload(good))
     with pytest.raises(ModelError, match=match) as info:
-        fn(path)
+        fn(open_model(path))
     assert str(path) in str(info.value)
 
 
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(ModelError, match="no such file"):
-        analyze(tmp_path / "nope.onnx")
+        open_model(tmp_path / "nope.onnx")
 
 
 def test_wrong_type() -> None:

@@ -14,9 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from models.errors import ModelError
-from models.graph import analyze
 from models.partition import Partitioner
-from models.probe import feeds_for, rel_diff
+from models.probe import analyze, feeds_for, rel_diff
 
 ROOT = Path(__file__).resolve().parents[2]
 

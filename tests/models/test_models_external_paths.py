@@ -16,10 +16,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from models.errors import ModelError
-from models.external import external_location_error, external_tensors, resolve_external
-from models.graph import analyze
+from models.external import external_location_error, external_tensors
+from models.graph_files import resolve_external
 from models.partition import Partitioner
-from models.probe import run_shapes
+from models.probe import analyze, run_shapes
 
 SECRET = b"TOP-SECRET-SITE-CA-KEY-BYTES-000"  # 32 bytes
 

@@ -13,7 +13,7 @@ import models
 ROOT = Path(models.__file__).resolve().parent
 CORE = ["errors", "external", "feeds", "graph", "profile", "cuts", "partition", "zoo", "train"]
 # Adapters: onnxruntime runs (imported lazily), pip downloads, the command line, sklearn's digits.
-SHELL = ["probe", "timing", "thirdparty", "cli", "digits"]
+SHELL = ["probe", "graph_files", "timing", "thirdparty", "cli", "digits"]
 # What ``fogline`` must not load before it knows the command (start-up time).
 DEFERRED = {"paho", "flwr", "onnxruntime", "onnx", "numpy", "sklearn", "models"}
 

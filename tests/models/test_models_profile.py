@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models import zoo
 from models.errors import ProfileWarning
+from models.graph_files import open_model
 from models.profile import profile_model
 
 
@@ -116,7 +117,7 @@ def test_accepts_path_and_bytes(tmp_path) -> None:
     model = zoo.build("mlp")
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    a, b, c = profile_model(model), profile_model(path), profile_model(path.read_bytes())
+    a, b, c = profile_model(model), profile_model(open_model(path)), profile_model(path.read_bytes())
     assert a.flops == b.flops == c.flops
 
 
