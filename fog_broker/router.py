@@ -37,14 +37,12 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from runtime.batch_cost import drain_s
-from runtime.messages import Activation, Hop, InferenceRequest, InferenceResult
+from runtime.messages import Activation, InferenceRequest, InferenceResult
+
+from .router_model import Chain, CompletionModel, StageKey
 
 __all__ = ["RouterConfig", "Router", "SendActivation", "ReplyClient", "Command", "Chain", "LatencyHistogram",
            "LATENCY_BUCKETS_S", "WorkloadStats"]
-
-Chain = tuple[int, tuple[Hop, ...]]  # (replica, route)
-StageKey = tuple[str, int, int, int]  # workload, version, replica, index
 
 
 def _chain_id(chain: Chain) -> tuple[int, int]:
@@ -57,7 +55,6 @@ def _chain_id(chain: Chain) -> tuple[int, int]:
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                         2.5, 5.0, 10.0, 30.0)
 MAX_HISTOGRAMS = 1000  # workloads with a latency histogram; beyond this, new names share one
-_MAX_STAGES = 20_000   # measured stage times kept (bounded whatever devices report)
 _MAX_STREAMS = 10_000  # ordered streams with answers held
 _RATE_EVENTS = 4096    # per workload and kind: the events a windowed rate is read from
 
@@ -177,13 +174,11 @@ class Router:
         self.wires: dict[tuple[str, int, int], tuple[str, ...]] = {}
         self.wire_reports: dict[tuple[str, int, int], dict[str, object]] = {}
         self._answered_at: dict[str, deque[float]] = {}  # workload -> last answers (monotonic)
-        self.stage_s: dict[StageKey, float] = {}       # measured compute per stage (state adverts)
-        self.stage_batch: dict[StageKey, tuple[int, float]] = {}  # stages that batch: (max batch, cost slope)
+        # what a request sent down a chain now would take (stage times, device queues, overheads)
+        self.model = CompletionModel(self.config.overhead_gain, self.config.max_overhead_s,
+                                     self.config.margin_devs)
         self.slo_s: dict[str, float] = {}              # workload -> its deadline when a request has none
-        self._work: dict[str, float] = {}              # device -> seconds of outstanding stage work
         self._outstanding: dict[tuple[str, int], int] = {}  # (workload, replica) -> attempts in flight
-        self._overhead: dict[tuple[str, int], float] = {}   # (workload, replica) -> learned overhead (s)
-        self._dev: dict[tuple[str, int], float] = {}        # its mean deviation (s): the admission margin
         self._rates: dict[str, _Rates] = {}
         self._streams: dict[tuple[str, str], deque[str]] = {}  # (reply_to, stream) -> request ids, in order
         self._held: dict[tuple[tuple[str, str], str], ReplyClient] = {}  # (stream, id) finished early, waiting
@@ -203,31 +198,16 @@ class Router:
 
     def note_stage(self, key: StageKey, seconds: float) -> None:
         """A device measured this stage's compute (its p50, or its load-time calibration)."""
-        if not (seconds > 0 and math.isfinite(seconds)):
-            return
-        if key not in self.stage_s and len(self.stage_s) >= _MAX_STAGES:
-            self.stage_s.pop(next(iter(self.stage_s)))
-        self.stage_s[key] = float(seconds)
+        self.model.note_stage(key, seconds)
 
     def note_batch(self, key: StageKey, max_batch: int, slope: float) -> None:
         """A stage runs up to ``max_batch`` queued frames as one batch at this measured cost slope
         (``runtime.batch_cost``): its queue drains sublinearly, and predictions say so (issue 33)."""
-        if max_batch <= 1 or not math.isfinite(slope):
-            self.stage_batch.pop(key, None)
-            return
-        if key not in self.stage_batch and len(self.stage_batch) >= _MAX_STAGES:
-            self.stage_batch.pop(next(iter(self.stage_batch)))
-        self.stage_batch[key] = (int(max_batch), max(0.0, float(slope)))
+        self.model.note_batch(key, max_batch, slope)
 
     def forget_workload(self, workload: str) -> None:
         """A removed workload: drop its measurements (its requests in flight end as usual)."""
-        for k in [k for k in self.stage_s if k[0] == workload]:
-            del self.stage_s[k]
-        for k in [k for k in self.stage_batch if k[0] == workload]:
-            del self.stage_batch[k]
-        for c in [c for c in self._overhead if c[0] == workload]:
-            del self._overhead[c]
-            self._dev.pop(c, None)
+        self.model.forget(workload)
         self.slo_s.pop(workload, None)
 
     def submit(self, req: InferenceRequest, chains: Sequence[Chain], now: float, wall: float,
@@ -261,9 +241,9 @@ class Router:
         ckey = (req.workload, chain[0])
         probe = self.config.admit and self._outstanding.get(ckey, 0) == 0 \
             and now - self._probed.get(ckey, -math.inf) >= self.config.probe_interval_s
-        fastest = None if pred is None else self._unloaded(req.workload, usable)  # unmeasured: no verdict
+        fastest = None if pred is None else self.model.unloaded(req.workload, usable)  # unmeasured: no verdict
         if probe and ((fastest is not None and fastest > timeout)
-                      or (pred is not None and now + pred + self._margin(req.workload, chain) > deadline)):
+                      or (pred is not None and now + pred + self.model.margin(req.workload, chain) > deadline)):
             self._probed[ckey] = now
             self.counters["probes"] += 1
         elif self.config.admit and fastest is not None and fastest > timeout:
@@ -272,7 +252,7 @@ class Router:
             self.counters["impossible"] += 1
             return [self._error(req, f"deadline {timeout:.3g} s is shorter than the fastest chain takes "
                                      f"unloaded ({fastest:.3g} s): it cannot be met", "timeout")]
-        elif self.config.admit and pred is not None and now + pred + self._margin(req.workload, chain) > deadline:
+        elif self.config.admit and pred is not None and now + pred + self.model.margin(req.workload, chain) > deadline:
             return [self._shed(req, now, f"predicted to finish in {pred:.3g} s, after its deadline "
                                          f"({timeout:.3g} s)", pred - timeout)]
         self.counters["accepted"] += 1
@@ -312,7 +292,7 @@ class Router:
                 return []
         self._end_attempt(res.request_id, p)
         if res.ok:
-            self._learn(p, now)
+            self.model.learn(p.request.workload, p.chain, now - p.sent_at, p.wait_s)
             self.counters["answered"] += 1
             wl = p.request.workload
             took = now - p.received_at
@@ -343,7 +323,7 @@ class Router:
                 self._end_attempt(aid, p)
                 p.errors.append(f"replica {p.chain[0]}: device {device_id} lost")
                 out.extend(self._retry(p, chains_of.get(p.request.workload, ()), now, wall))
-        self._work.pop(device_id, None)
+        self.model.work.pop(device_id, None)
         return out
 
     def tick(self, now: float, chains_of: Mapping[str, Sequence[Chain]], wall: float) -> list[Command]:
@@ -358,7 +338,7 @@ class Router:
                 fresh = [c for c in chains if _chain_id(c) not in p.tried]
                 chain, pred = self._choose(p.request.workload, fresh, set(), p.deadline - now)
                 if (chain is None or p.attempt >= self.config.max_attempts
-                        or (pred is not None and now + pred + self._margin(p.request.workload, chain)
+                        or (pred is not None and now + pred + self.model.margin(p.request.workload, chain)
                             > p.deadline)):
                     p.attempt_deadline = p.deadline
                     continue
@@ -378,7 +358,7 @@ class Router:
         """Offered rate, goodput, shed rate and utilisation of one workload (what an autoscaler reads)."""
         r = self._rates.get(workload) or _Rates()
         answered = _rate(r.answered, now, window_s)
-        bottlenecks = [b for b in (self._bottleneck(workload, c) for c in chains) if b > 0]
+        bottlenecks = [b for b in (self.model.bottleneck(workload, c) for c in chains) if b > 0]
         util = 0.0
         if bottlenecks and chains:
             util = min(1.0, answered * (sum(bottlenecks) / len(bottlenecks)) / len(chains))
@@ -435,24 +415,10 @@ class Router:
             h = self.latency_histograms.setdefault(workload, LatencyHistogram())
         h.observe(seconds)
 
-    def _stages(self, workload: str, chain: Chain) -> list[float] | None:
-        """Measured stage seconds of a chain's hops, or None while any is unknown."""
-        out = []
-        for h in chain[1]:
-            s = self.stage_s.get((workload, h.version, h.replica, h.index))
-            if s is None:
-                return None
-            out.append(s)
-        return out
-
     def bottleneck_s(self, workload: str, chains: Sequence[Chain]) -> float:
         """The measured slowest stage (s) of ``workload``'s chains, averaged over those measured (0: none)."""
-        b = [x for x in (self._bottleneck(workload, c) for c in chains) if x > 0]
+        b = [x for x in (self.model.bottleneck(workload, c) for c in chains) if x > 0]
         return sum(b) / len(b) if b else 0.0
-
-    def _bottleneck(self, workload: str, chain: Chain) -> float:
-        st = self._stages(workload, chain)
-        return max(st) if st else 0.0
 
     def _choose(self, workload: str, chains: Sequence[Chain], skip: set[tuple[int, int]],
                 left: float = math.inf) -> tuple[Chain | None, float | None]:
@@ -467,12 +433,8 @@ class Router:
             n = self._outstanding.get((workload, c[0]), 0)
             if n >= self.config.max_outstanding:
                 continue
-            stages = self._stages(workload, c)
-            pred: float | None = None
-            if stages is not None:
-                wait = max(self._wait_at(workload, h, st) for h, st in zip(c[1], stages))
-                pred = wait + sum(stages) + self._overhead.get((workload, c[0]), 0.0)
-            rank = 1.0 if pred is None else 0.0 if pred + self._margin(workload, c) <= left else 2.0
+            pred = self.model.predict(workload, c)
+            rank = 1.0 if pred is None else 0.0 if pred + self.model.margin(workload, c) <= left else 2.0
             key = (rank, pred if pred is not None else float(n), c[0])
             if best is None or key < best[0]:
                 best = (key, c, pred)
@@ -480,38 +442,16 @@ class Router:
             return None, None
         return best[1], best[2]
 
-    def _wait_at(self, workload: str, hop: Hop, stage_s: float) -> float:
-        """Predicted wait at a hop's device: its outstanding work, drained in batches where the stage
-        batches (the work in frames of this stage, at the stage's batch cost)."""
-        work = self._work.get(hop.device_id, 0.0)
-        batch = self.stage_batch.get((workload, hop.version, hop.replica, hop.index))
-        if batch is None or work <= 0 or stage_s <= 0:
-            return work
-        return drain_s(stage_s, math.ceil(work / stage_s - 1e-9), batch[0], batch[1])
-
-    def _unloaded(self, workload: str, chains: Sequence[Chain]) -> float | None:
-        """Seconds the fastest measured chain takes with nothing queued (None: none measured)."""
-        best: float | None = None
-        for c in chains:
-            st = self._stages(workload, c)
-            if st is not None and c[1]:
-                t = sum(st) + self._overhead.get((workload, c[0]), 0.0)
-                best = t if best is None else min(best, t)
-        return best
-
-    def _margin(self, workload: str, chain: Chain) -> float:
-        return self.config.margin_devs * self._dev.get((workload, chain[0]), 0.0)
-
     def _end_attempt(self, aid: str, p: _Pending) -> None:
         """The attempt is over (answered, failed, lost or timed out): its work leaves the queues."""
         del self._pending[aid]
         del self._by_request[p.request.request_id]
         for dev, s in p.work:
-            left = self._work.get(dev, 0.0) - s
+            left = self.model.work.get(dev, 0.0) - s
             if left > 1e-9:
-                self._work[dev] = left
+                self.model.work[dev] = left
             else:
-                self._work.pop(dev, None)
+                self.model.work.pop(dev, None)
         p.work = ()
         key = (p.request.workload, p.chain[0])
         n = self._outstanding.get(key, 0) - 1
@@ -520,27 +460,11 @@ class Router:
         else:
             self._outstanding.pop(key, None)
 
-    def _learn(self, p: _Pending, now: float) -> None:
-        """An answer's latency beyond its predicted queueing and stage times: the chain's overhead
-        (network, codec, the devices' own queues of other work), learned as an EWMA."""
-        stages = self._stages(p.request.workload, p.chain)
-        if stages is None:
-            return
-        resid = (now - p.sent_at) - p.wait_s - sum(stages)
-        key = (p.request.workload, p.chain[0])
-        old = self._overhead.get(key)
-        g = self.config.overhead_gain
-        new = resid if old is None else old + g * (resid - old)
-        if old is not None:
-            dev = self._dev.get(key, 0.0)
-            self._dev[key] = min(dev + g * (abs(resid - old) - dev), self.config.max_overhead_s)
-        self._overhead[key] = min(max(new, 0.0), self.config.max_overhead_s)
-
     def _retry(self, p: _Pending, chains: Sequence[Chain], now: float, wall: float) -> list[Command]:
         if p.attempt < self.config.max_attempts and now < p.deadline:
             chain, pred = self._choose(p.request.workload, chains, p.tried, p.deadline - now)
             if chain is not None and (not self.config.admit or pred is None
-                                      or now + pred + self._margin(p.request.workload, chain) <= p.deadline):
+                                      or now + pred + self.model.margin(p.request.workload, chain) <= p.deadline):
                 self.counters["retries"] += 1
                 return self._send(p, chain, pred, chains, now, wall)
         self.counters["failed"] += 1
@@ -570,12 +494,12 @@ class Router:
         p.attempt_deadline = now + min(share, remaining)
         p.sent_at = now
         wl = p.request.workload
-        stages = self._stages(wl, chain)
-        p.wait_s = max(self._work.get(h.device_id, 0.0) for h in chain[1]) if chain[1] else 0.0
+        stages = self.model.stages(wl, chain)
+        p.wait_s = max(self.model.work.get(h.device_id, 0.0) for h in chain[1]) if chain[1] else 0.0
         if stages is not None:
             p.work = tuple((h.device_id, s) for h, s in zip(chain[1], stages))
             for dev, s in p.work:
-                self._work[dev] = self._work.get(dev, 0.0) + s
+                self.model.work[dev] = self.model.work.get(dev, 0.0) + s
         key = (wl, chain[0])
         self._outstanding[key] = self._outstanding.get(key, 0) + 1
         aid = f"{p.request.request_id}#{p.attempt}"

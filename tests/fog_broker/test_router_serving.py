@@ -266,6 +266,6 @@ def test_stages_that_batch_drain_their_queues_faster_and_admit_more() -> None:
         counts.append(sum(isinstance(c, SendActivation) for c in cmds))
     assert counts[0] <= 2 * 9 < 2 * 20 <= counts[1]  # the same 1 s deadline, queues drained 8 at a time
     batched.note_batch(("w", 1, 0, 0), 1, 0.1)  # the stage stopped batching: forgotten
-    assert ("w", 1, 0, 0) not in batched.stage_batch
+    assert ("w", 1, 0, 0) not in batched.model.stage_batch
     batched.forget_workload("w")
-    assert not batched.stage_batch
+    assert not batched.model.stage_batch
