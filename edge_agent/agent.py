@@ -8,8 +8,10 @@ data dir (a command replayed after a restart is refused), and so is the
 highest fog epoch seen (an old fog STATE cannot be replayed either). The
 Will and the orderly-stop DEATH are envelopes sealed by this device.
 
+Everything sealed that the agent receives is opened by its ``InboundGate`` (``gate.py``).
+
 Threads: paho's network thread (enqueues only), the MqttClient worker
-(charges each activation to the device its topic names, ``dev/{us}/ACT/{src}``,
+(``InboundGate.on_activation`` charges each activation to the device its topic names, ``dev/{us}/ACT/{src}``,
 which the broker lets only ``src`` write, then decodes it and hands it to the
 executor; forwards everything else), the agent loop (sole owner of the advertiser, the verifier, the
 cache and the epoch: it handles control messages and probes on a timer),
@@ -38,24 +40,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime import codec, relay
-from runtime.errors import DecodeError, LocalViolation, RemoteViolation, SecurityError
+from runtime.errors import LocalViolation, SecurityError
 from runtime.files import atomic_write
 from runtime.messages import (
-    Activation,
     CommandAck,
     Deploy,
     DeviceDeath,
-    Envelope,
-    FogState,
     Message,
     Rebirth,
     Taint,
-    TimeHint,
     Undeploy,
 )
 from runtime.mqtt import Inbound, MqttClient, TlsConfig, Will
-from runtime.ratelimit import OVER, QUARANTINED, Budget, FairShare, LogLimit, SharePolicy
 from runtime.relay import Sealer
 from runtime.security import (
     Identity,
@@ -66,7 +62,7 @@ from runtime.security import (
     fingerprint,
     verify_session_offer,
 )
-from runtime.topics import ACK, ACT, BIRTH, CMD, DEATH, STATE, Topics
+from runtime.topics import ACK, BIRTH, CMD, DEATH, STATE, Topics
 
 from .acks import watcher
 from .advertiser import Advertiser, AdvertPolicy, Snapshot, build_birth
@@ -75,6 +71,7 @@ from .cache import ArtifactCache
 from .commands import LOAD_FAILED, check_deploy
 from .credentials import FOG_EPOCH_FILE, NOT_ENROLLED, REPLAY_FILE, FogInfo, load_fog_info
 from .executor import Executor, LoadError
+from .gate import InboundGate
 from .lane import DataLane, lane_budget
 from .readings import Capabilities, Reading
 from .stats import LinkEstimator
@@ -83,19 +80,10 @@ __all__ = ["AgentConfig", "Agent", "Probe", "Phase", "KEY_FILE", "load_identity"
 
 log = logging.getLogger(__name__)
 
-# Per sending device: a request crosses each cut once, so an honest neighbour sends at most our
-# serving rate; well above any device's. Past it frames are dropped before any check (throttled
-# only); a sender with 100 frames failing their checks (forged, replayed) within 10 s is shut out
-# for 60 s (the fog also sees it quarantined when it floods the fog; here only its frames to us stop).
-ACTIVATION_SHARE = SharePolicy(limits={ACT: Budget(500.0, 1000.0)}, quarantine_failures=100, window_s=10.0,
-                               quarantine_s=60.0, max_identities=4096)
-
 KEY_FILE = "agent.key"
 EPOCH_FILE = "epoch"
 STATUS_FILE = "status.json"
 MiB = 1024 * 1024
-_MAX_FOG_NAMES = 8
-_SKEW_APPLY_S = 10.0  # smaller differences are delivery delays and NTP noise: our clock stands
 
 
 class Probe(Protocol):
@@ -202,24 +190,14 @@ class Agent:
         self.verifier = Verifier(self.trust, max_size=cfg.max_command_bytes,
                                  state_path=self.data_dir / REPLAY_FILE)
         self.cache = ArtifactCache(self.data_dir / "artifacts", cfg.cache_bytes)
+        self.gate = InboundGate(cfg.device_id, fog_key, self.trust, self.verifier,
+                                max_bytes=cfg.max_command_bytes, fog_name=self._fog_name, count=self._count,
+                                submit=lambda m: self.executor.submit_sealed(m))
         self.executor = Executor(cfg.device_id, self.topics, self._publish_data, Sealer(self.identity),
                                  intra_op_threads=cfg.intra_op_threads, workers=cfg.workers,
                                  queue_size=cfg.queue_size, slowdown=cfg.slowdown,
                                  batch=BatchPolicy(cfg.max_batch, cfg.max_batch_wait_s),
                                  sim_batch_slope=cfg.sim_batch_slope)
-        # Activations per sending device (the topic's id): one device replaying or forging frames at us
-        # is dropped unchecked over its budget and then shut out for a while; others are unaffected.
-        self._act_share = FairShare(ACTIVATION_SHARE)  # under _act_lock: network and executor threads
-        self._act_lock = threading.Lock()
-        self._act_logs = LogLimit()  # under _act_lock too (network and executor threads)
-        # Replayed activation frames (same ticket and hop) are dropped; bounded memory.
-        self._seen_frames: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._frames_lock = threading.Lock()
-        # Fog clock minus ours, from sealed time hints: applied to every freshness check and seal
-        # once it passes _SKEW_APPLY_S (a Pi without an RTC boots in the past).
-        self.clock_skew = 0.0
-        self.measured_skew: float | None = None
-        self._skew_samples: collections.deque[float] = collections.deque(maxlen=8)
         self.caps = probe.capabilities()
         if cfg.model_compute:
             self.executor.device_flops = self.caps.flops
@@ -256,8 +234,8 @@ class Agent:
         self.client.subscribe(t.fog_state(), self._enqueue)
         self.client.subscribe(t.rebirth(), self._enqueue)
         self.client.subscribe(t.device(cfg.device_id, CMD), self._enqueue)
-        self.client.subscribe(t.activation(cfg.device_id, "+"), self._on_activation, direct=True)
-        self.executor.opener = self._open_activation
+        self.client.subscribe(t.activation(cfg.device_id, "+"), self.gate.on_activation, direct=True)
+        self.executor.opener = self.gate.open_activation
         self.client.subscribe(t.time(), self._enqueue)
         self.client.on_connected.append(lambda: self._inbox.put(("connected", None)))
         self.client.on_connected.append(self.lane.reset)  # the old connection's acks may never come
@@ -330,71 +308,8 @@ class Agent:
     def _enqueue(self, m: Inbound) -> None:
         self._inbox.put(("msg", m))
 
-    def wall(self) -> float:
-        """Wall-clock seconds as the fog counts them (our clock plus the applied skew)."""
-        return time.time() + self.clock_skew
-
-    def _on_activation(self, m: Inbound) -> None:
-        """A data-plane frame (paho's network thread): charged, then handed to the executor unopened.
-
-        Charged first to the device the topic names (no decode, no signature check over its
-        budget); the checks (``_open_activation``) run on the executor's thread, so the network
-        thread only reads and one thread wake-up per hop is saved (issue 32). The fog's own frames
-        (hop 0) are not limited."""
-        src = m.topic.rpartition("/")[2]
-        if src != self._fog_name():
-            with self._act_lock:
-                verdict = self._act_share.admit(src, ACT, m.received_at)
-            if verdict in (OVER, QUARANTINED):
-                self._count(f"limited activation: {verdict}")
-                self._act_warn(src, m.received_at, f"activations from {src} {verdict}: dropped unchecked")
-                return
-        self.executor.submit_sealed(m)
-
     def _fog_name(self) -> str | None:
         return self.fog_info.fog_id if self.fog_info is not None else self.fog_id
-
-    def _open_activation(self, m: Inbound) -> Activation | None:
-        """Check a frame (executor thread): fog-signed route, sealed by the previous hop, not replayed
-        (``runtime.relay``). A frame that fails its checks is charged to the device the topic names,
-        so a device that keeps sending bad or replayed frames is shut out."""
-        src = m.topic.rpartition("/")[2]
-        now = m.received_at
-        limited = src != self._fog_name()
-        try:
-            act = relay.open_relay(m.payload, self.fog_key, self.device_id, self.wall(),
-                                   max_size=self.cfg.max_command_bytes, sender=src)
-        except RemoteViolation as exc:
-            self._count(f"rejected activation: {getattr(exc, 'reason', 'malformed')}")
-            if limited:
-                with self._act_lock:
-                    self._act_share.charge(src, ACT, now)
-            self._act_warn(src, now, f"activation from {src} refused: {exc}")
-            return None
-        tag = act.ticket_sig + act.hop.to_bytes(4, "little")
-        with self._frames_lock:
-            if tag in self._seen_frames:
-                replayed = True
-            else:
-                replayed = False
-                self._seen_frames[tag] = None
-                if len(self._seen_frames) > 4096:
-                    self._seen_frames.popitem(last=False)
-        if replayed:
-            self._count("rejected activation: replayed")
-            if limited:
-                with self._act_lock:
-                    self._act_share.charge(src, ACT, now)
-            return None
-        return act
-
-    def _act_warn(self, src: str, now: float, text: str) -> None:
-        """At most about a line a second per sending device (network and executor threads)."""
-        with self._act_lock:
-            if not self._act_logs.allow(src, now):
-                return
-            held = self._act_logs.suppressed(src)
-        log.warning("%s: %s%s", self.device_id, text, f" ({held} more since the last line)" if held else "")
 
     def _count(self, what: str) -> None:
         with self._count_lock:
@@ -459,15 +374,16 @@ class Agent:
         if m.topic == t.fog_state():
             self._on_fog_state(m, now)
         elif m.topic == t.time():
-            self._on_time_hint(m, now)
+            if self.gate.time_hint(m.payload) and self.phase is Phase.ONLINE:
+                self._birth(now)  # a birth sealed with the wrong clock may have been refused
         elif m.topic == t.rebirth() or m.topic == t.device(self.device_id, CMD):
-            msg = self._open(m.payload)
+            msg = self.gate.open_command(m.payload)
             if msg is not None:
                 self._on_command(msg, now, m.topic == t.rebirth())
 
     def _on_fog_state(self, m: Inbound, now: float) -> None:
         """A sealed FogState: online for an epoch >= the last seen, offline only for the current one."""
-        fs = self._open_fog_state(m.payload)
+        fs = self.gate.open_fog_state(m.payload)
         if fs is None:
             return
         if fs.site != self.cfg.site:
@@ -509,87 +425,6 @@ class Agent:
         if self.phase is not Phase.ONLINE or fs.epoch != self.fog_epoch:
             self.fog_epoch = fs.epoch
             self._birth(now)
-
-    def _on_time_hint(self, m: Inbound, now: float) -> None:
-        """A sealed ``TimeHint``: forward-only in the fog's (epoch, seq), so an old one cannot be replayed."""
-        env = self._trust_sender(m.payload) if len(m.payload) <= 4096 else None
-        if env is None:
-            self._count("rejected time hint: unsigned")
-            return
-        try:
-            hint = self.verifier.verify_only(env)
-            if not isinstance(hint, TimeHint):
-                raise RemoteViolation("not a time hint")
-            self.verifier.admit_sequence(env)  # shares the commands' persisted replay window
-        except RemoteViolation as exc:
-            self._count(f"rejected time hint: {getattr(exc, 'reason', 'malformed')}")
-            return
-        # hint.wall - our clock = true skew - delivery delay, so each sample is a lower bound: the
-        # largest recent one is the least delayed. Small skews are noise next to a busy broker's
-        # delays and harmless next to the +-30 s freshness window; a clock without an RTC is off by
-        # hours, and only that is corrected.
-        self._skew_samples.append(hint.wall - time.time())
-        self.measured_skew = max(self._skew_samples)
-        applied = self.measured_skew if abs(self.measured_skew) > _SKEW_APPLY_S else 0.0
-        if abs(applied - self.clock_skew) > _SKEW_APPLY_S / 2:
-            log.warning("%s: our clock is %+.1f s off the fog's; correcting timestamps by it", self.device_id,
-                        -self.measured_skew)
-            self.clock_skew = applied
-            if self.phase is Phase.ONLINE:
-                self._birth(now)  # a birth sealed with the wrong clock may have been refused
-
-    def _trust_sender(self, payload: bytes) -> Envelope | None:
-        """The envelope in ``payload``, its sender bound to the pinned fog key (None: not an envelope).
-
-        The fog's key is pinned; its signing name is whatever its envelopes say, so names are
-        enrolled with that key on sight (bounded: junk names cannot grow the store).
-        """
-        try:
-            env = codec.decode_envelope(payload, max_size=self.cfg.max_command_bytes)  # nothing trusted yet
-        except DecodeError:
-            return None
-        if env.sender not in self.trust and len(self.trust) < _MAX_FOG_NAMES:
-            try:
-                self.trust.enroll(env.sender, self.fog_key)
-            except RemoteViolation:
-                return None
-        return env
-
-    def _open_fog_state(self, payload: bytes) -> FogState | None:
-        """Check a retained fog STATE: an envelope sealed by the pinned key (no freshness); count and drop others."""
-        if len(payload) > self.cfg.max_command_bytes:
-            self._count("rejected fog state: oversized")
-            return None
-        env = self._trust_sender(payload)
-        if env is None:
-            self._count("rejected fog state: unsigned")
-            log.warning("%s: ignoring a fog STATE that is not sealed by the fog", self.device_id)
-            return None
-        try:
-            msg = self.verifier.verify_only(env)
-        except RemoteViolation as exc:
-            self._count(f"rejected fog state: {getattr(exc, 'reason', 'malformed')}")
-            log.warning("%s: ignoring fog STATE: %s", self.device_id, exc)
-            return None
-        if not isinstance(msg, FogState):
-            self._count("rejected fog state: not a fog state")
-            return None
-        return msg
-
-    def _open(self, payload: bytes) -> Message | None:
-        """Verify a signed command envelope against the pinned fog key; count and drop failures."""
-        env = self._trust_sender(payload) if len(payload) <= self.cfg.max_command_bytes else None
-        try:
-            if env is not None:
-                msg = self.verifier.check(env, self.wall())  # decoded once (deploys carry artifacts)
-            else:
-                _, msg = self.verifier.open(payload, self.wall())  # counts oversized / malformed
-        except RemoteViolation as exc:
-            reason = getattr(exc, "reason", "malformed")
-            self._count(f"rejected: {reason}")
-            log.warning("%s: command rejected: %s", self.device_id, exc)
-            return None
-        return msg
 
     def _on_command(self, msg: Message, now: float, broadcast: bool) -> None:
         if isinstance(msg, Rebirth):
@@ -696,11 +531,11 @@ class Agent:
             reason = self.advertiser.tick(snap, now)
             if reason is not None:
                 state = self.advertiser.state(snap, self.epoch, self.signer.seq + 1)
-                if self.measured_skew is not None:
-                    state = dataclasses.replace(state, clock_skew_s=round(self.measured_skew, 3))
+                if self.gate.measured_skew is not None:
+                    state = dataclasses.replace(state, clock_skew_s=round(self.gate.measured_skew, 3))
                 if self._state_key is not None:  # session MAC (the birth that keyed it was signed)
                     self._publish(self.topics.device(self.device_id, STATE),
-                                  self.signer.seal_mac_bytes(state, self.wall(), self._state_key))
+                                  self.signer.seal_mac_bytes(state, self.gate.wall(), self._state_key))
                 else:
                     self._publish_signed(STATE, state)
                 self.states += 1
@@ -710,7 +545,7 @@ class Agent:
     # ------------------------------------------------------------ publishing
 
     def _publish_signed(self, leaf: str, msg: Message) -> None:
-        self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, self.wall()))
+        self._publish(self.topics.device(self.device_id, leaf), self.signer.seal_bytes(msg, self.gate.wall()))
 
     def _publish(self, topic: str, payload: bytes,
                  on_done: Callable[[bool], None] | None = None) -> bool:
