@@ -536,6 +536,7 @@ class SiteCore:
                     self.counters["rebirths_limited"] += 1
                     continue
                 self.counters["rebirths_asked"] += 1
+                self.counters[f"rebirth:{cmd.reason}"] += 1  # why, in status: each reason is a fixed phrase
                 out.append(AskRebirth(cmd.device_id, cmd.reason))
             elif isinstance(cmd, DeviceLost):
                 self.counters["devices_lost"] += 1

@@ -114,14 +114,23 @@ def _status_of(site: LocalSite, name: str) -> Callable[[], dict[str, Any]]:
     return ask
 
 
-def _check_after(before: dict[str, Any], probe: StatusProbe, after: dict[str, Any]) -> None:
+def _check_after(before: dict[str, Any], probe: StatusProbe, after: dict[str, Any], honest_rebirths: int = 0) -> None:
+    """``honest_rebirths``: rebirths the fog asked of the enrolled device (seen on its CMD topic).
+
+    A flood past mosquitto's per-client queue (``max_queued_messages``) makes the broker drop QoS 0
+    states on their way to the fog, the honest device's too; after three missed intervals the fog
+    declares it lost and asks it for a rebirth when it is heard again. That is recovery working for
+    an enrolled device, not a record or a rebirth for a stranger, which is what this test holds.
+    """
     assert not probe.errors, probe.errors[:3]
     assert len(probe.latencies) >= 3 and max(probe.latencies) < 10, probe.latencies
     assert not any(d["id"].startswith("ghost-") for d in after["devices"])
     assert after["devices_total"] == before["devices_total"]
     ctr, base = after["counters"], before["counters"]
-    for key in ("rebirths_asked", "rebirths_limited", "flagged:capacity", "inbox_overflow", "verify_overflow"):
-        assert ctr.get(key, 0) == base.get(key, 0), key
+    why = {k: v for k, v in ctr.items() if k.startswith("rebirth")}
+    assert ctr.get("rebirths_asked", 0) - base.get("rebirths_asked", 0) <= honest_rebirths, why
+    for key in ("rebirths_limited", "flagged:capacity", "inbox_overflow", "verify_overflow"):
+        assert ctr.get(key, 0) == base.get(key, 0), (key, why)
 
 
 # ---------------------------------------------------------------- the secure site
@@ -200,11 +209,13 @@ def test_the_fog_keeps_no_record_and_sends_no_rebirth_for_strangers(open_site: L
                          - before["counters"].get("verifier.unknown sender", 0) >= 0.9 * FLOOD and s,
                             60, "the fog counted the flood")
         after = ask()
-        _check_after(before, probe, after)
+        asked = after["counters"].get("rebirths_asked", 0) - before["counters"].get("rebirths_asked", 0)
+        wait_for(lambda: commands.qsize() >= asked, 10, "each rebirth the fog asked for seen on its topic")
+        sent = [m.topic for m in list(commands.queue)]
+        assert not [t for t in sent if t != T.device("dev-f", "CMD")], sent[:5]  # nothing to a ghost, no broadcast
+        _check_after(before, probe, after, honest_rebirths=len(sent))
         assert seen["counters"]["verifier.unknown sender"] <= before["counters"].get("verifier.unknown sender",
                                                                                       0) + FLOOD
-        sent = [m.topic for m in list(commands.queue)]
-        assert not [t for t in sent if "ghost-" in t or t == T.rebirth()], sent[:5]
         # the enrolled device was heard throughout
         row = next(d for d in after["devices"] if d["id"] == "dev-f")
         assert row["alive"] and row["last_seen_s"] < 5
