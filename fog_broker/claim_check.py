@@ -5,7 +5,9 @@ both are its own words. A device reporting 50 µs for a stage that takes 50 ms w
 placement, make its class look fast and sit below the floor that triggers a measurement. The
 router times every answer it gets (sent to answered, minus the queueing it predicted), so for a
 chain that runs on one device the fog holds a measurement the device cannot shape: the round
-trip is at least that device's compute. When the fastest of the last ``samples`` round trips is
+trip is at least that device's compute. When the fastest round trip of the last ``span_s``
+(in ``samples`` periods, each of which must have answers, so a passing stall of the fog or the
+host refutes no one, however many requests it slowed) is
 more than ``factor`` times what the device claims, more than ``slack_s`` above it, and its
 unexplained rest more than ``peer_factor`` times the median rest of the site's other one-device
 chains (network, codec and a busy host slow every chain alike; a lie slows only its own; with
@@ -34,16 +36,18 @@ _MAX_CHAINS = 20_000  # chains observed (bounded whatever the site holds)
 class ClaimCheckConfig:
     factor: float = 4.0     # refuted: the fastest observed round trip above this many times the claim
     slack_s: float = 0.05   # and above it by at least this much (network, codec, a busy host)
-    samples: int = 20       # answers before a verdict: the fastest of them is the yardstick
+    samples: int = 20       # periods of span_s / samples, each keeping its fastest answer: all before a verdict
     peer_factor: float = 4.0  # and its unexplained rest above this many times its peers' median rest
     alone_s: float = 0.5    # with no peers to compare with, the rest must pass this (a busy host alone)
+    span_s: float = 30.0    # and the samples must span this long: a passing stall (a flood at the fog,
+    #                         a loaded host) that slows every answer for a while refutes no one
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.factor) and self.factor > 1.0 and 0.0 <= self.slack_s < math.inf
                 and self.samples >= 1 and math.isfinite(self.peer_factor) and self.peer_factor >= 1.0
-                and self.slack_s <= self.alone_s < math.inf):
+                and self.slack_s <= self.alone_s < math.inf and 0.0 <= self.span_s < math.inf):
             raise LocalViolation("claim check: need factor > 1, peer_factor >= 1, 0 <= slack_s <= alone_s "
-                                 "(finite), samples >= 1")
+                                 "(finite), samples >= 1, span_s >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +72,15 @@ class ClaimCheck:
 
     def __init__(self, config: ClaimCheckConfig | None = None) -> None:
         self.config = config or ClaimCheckConfig()
-        self._seen: dict[tuple[str, int, int], deque[float]] = {}
+        # per chain: the last ``samples`` periods, [start, fastest round trip in it]
+        self._seen: dict[tuple[str, int, int], deque[list[float]]] = {}
         self._rest: dict[tuple[str, int, int], float] = {}  # per chain: fastest round trip minus claims
         self.refuted: dict[str, Refuted] = {}
 
     def observe(self, workload: str, version: int, replica: int, devices: Sequence[str], seconds: float,
-                claimed: Sequence[float] | None) -> Refuted | None:
-        """One answered request: ``devices`` of its route, its round trip beyond predicted queueing,
-        the stage times its devices claim (None: not all known). A new refutation, or None."""
+                claimed: Sequence[float] | None, at: float) -> Refuted | None:
+        """One answered request at ``at`` (monotonic): ``devices`` of its route, its round trip beyond
+        predicted queueing, the stage times its devices claim (None: not all known). A new refutation, or None."""
         c = self.config
         if not devices or len(set(devices)) != 1 or not (seconds > 0 and math.isfinite(seconds)):
             return None  # several devices: not attributable to one
@@ -89,11 +94,14 @@ class ClaimCheck:
                 self._rest.pop(old := next(iter(self._seen)), None)
                 self._seen.pop(old)
             seen = self._seen[key] = deque(maxlen=c.samples)
-        seen.append(seconds)
+        if seen and at - seen[-1][0] < c.span_s / c.samples:
+            seen[-1][1] = min(seen[-1][1], seconds)  # same period: only its fastest answer counts
+        else:
+            seen.append([at, seconds])
         total = float(sum(claimed))
         if len(seen) < c.samples or not (total >= 0 and math.isfinite(total)):
-            return None
-        fastest = min(seen)
+            return None  # fewer periods than samples: less than span_s observed
+        fastest = min(s for _, s in seen)
         rest = self._rest[key] = fastest - total
         if fastest <= c.factor * total or rest < c.slack_s:
             return None

@@ -645,11 +645,11 @@ class SiteCore:
         """The router's timed answers against the stage times their devices report: a device whose
         reports the round trips refute is flagged (no first replica) and measured by the fog instead."""
         while self.router.observed:
-            workload, (replica, route), seconds, claimed = self.router.observed.popleft()
+            workload, (replica, route), seconds, claimed, at = self.router.observed.popleft()
             if not route:
                 continue
             v = self.claims.observe(workload, route[0].version, replica, [h.device_id for h in route], seconds,
-                                    claimed)
+                                    claimed, at)
             if v is None:
                 continue
             self.counters["timings_refuted"] += 1

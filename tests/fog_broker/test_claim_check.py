@@ -1,18 +1,22 @@
 """Reported timings against the router's round trips (fog_broker.claim_check, pure)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from fog_broker.claim_check import ClaimCheck, ClaimCheckConfig
 from runtime.errors import LocalViolation
 
-CFG = ClaimCheckConfig(factor=4.0, slack_s=0.02, samples=5, peer_factor=4.0, alone_s=0.04)
+CFG = ClaimCheckConfig(factor=4.0, slack_s=0.02, samples=5, peer_factor=4.0, alone_s=0.04, span_s=3.0)
+CLOCK = itertools.count(0.0, 1.0)  # an answer a second
 
 
 def _feed(cc: ClaimCheck, dev: str, replica: int, seconds: float, claimed: float, n: int = 5,
           devices: tuple[str, ...] | None = None) -> list[object]:
     route = devices or (dev, dev)
-    return [v for _ in range(n) if (v := cc.observe("w", 1, replica, route, seconds, [claimed / 2] * 2))]
+    return [v for _ in range(n)
+            if (v := cc.observe("w", 1, replica, route, seconds, [claimed / 2] * 2, next(CLOCK)))]
 
 
 def test_a_device_claiming_50us_for_a_50ms_stage_is_refuted_once() -> None:
@@ -38,7 +42,7 @@ def test_honest_devices_are_not_refuted(seconds: float, claimed: float) -> None:
 def test_the_fastest_round_trip_is_the_yardstick() -> None:
     cc = ClaimCheck(CFG)
     for s in (0.5, 0.4, 0.6, 0.003, 0.7):  # one fast answer: the device can be that fast
-        assert cc.observe("w", 1, 0, ("d",), s, [0.002]) is None
+        assert cc.observe("w", 1, 0, ("d",), s, [0.002], next(CLOCK)) is None
     assert not cc.is_refuted("d")
 
 
@@ -68,10 +72,21 @@ def test_forgetting() -> None:
     assert not cc.is_refuted("liar")
     cc.forget_workload("w")
     assert _feed(cc, "liar", 0, 0.050, 0.00005, n=4) == []  # its window started again
-    assert cc.observe("w", 1, 0, ("liar",), 0.05, None) is None  # claims unknown: nothing to check
+    assert cc.observe("w", 1, 0, ("liar",), 0.05, None, next(CLOCK)) is None  # claims unknown: nothing to check
+
+
+def test_a_passing_stall_refutes_no_one() -> None:
+    """20 slow answers within a few seconds (a flood at the fog, a loaded host): shorter than span_s."""
+    cc = ClaimCheck(ClaimCheckConfig(factor=4.0, slack_s=0.02, samples=5, alone_s=0.04, span_s=30.0))
+    t0 = next(CLOCK)
+    got = [cc.observe("w", 1, 0, ("d",), 0.9, [0.001], t0 + 0.25 * i) for i in range(24)]  # 6 s: one period
+    assert not any(got) and not cc.refuted
+    got = [cc.observe("w", 1, 0, ("d",), 0.9, [0.001], t0 + 0.25 * i) for i in range(24, 200)]  # 50 s in all
+    assert sum(1 for v in got if v) == 1 and cc.is_refuted("d")  # it lasted the whole span: a lie
 
 
 @pytest.mark.parametrize("kw", [{"factor": 1.0}, {"samples": 0}, {"slack_s": -1.0}, {"peer_factor": 0.5},
+                                {"span_s": -1.0},
                                 {"alone_s": 0.01},
                                 {"factor": float("nan")}])
 def test_bad_config_is_refused(kw: dict[str, float]) -> None:

@@ -242,7 +242,7 @@ def test_a_device_reporting_50us_for_a_100ms_stage_is_refuted_by_the_routers_rou
     """Calibration poisoning: ``a`` reports 50 µs (below the floor that triggers a measurement) for a
     stage that takes it 100 ms. The router times every answer: the claim is refuted, ``a`` is flagged
     (no first replica), its times become the observed ones, and the honest ``b`` is never judged by it."""
-    site = Site(ClaimCheckConfig(alone_s=0.05, samples=5))
+    site = Site(ClaimCheckConfig(alone_s=0.05, samples=5, span_s=0.3))
     site.reported["a"] = 0.00005
     site.carry(site.core.handle(SetWorkload(workload(), 1), site.now))
     site.until(lambda: site.running["a"] and not site.running["b"])
