@@ -326,9 +326,10 @@ def _intake_cpu(n_ids: int, per: int, rounds: int) -> dict[str, Any]:
             for sh in ing._shards:
                 for m, pt in sh.lanes.take(10**9) if len(sh.lanes) else ():
                     ing._local(sh, m, pt, out)
-            for item in out:
-                if item[0] == "advert":
-                    reg.handle(item[1], 1.0)
+            for item in out:  # the verified adverts (``ingest.Heard``), as the owner hands them on
+                msg = getattr(item.event, "msg", None)
+                if msg is not None:
+                    reg.handle(msg, 1.0)
             full[label] = min(full.get(label, math.inf), (time.thread_time() - t + dt) / len(msgs) * 1e6)
             assert len(out) >= len(msgs), (label, len(out), len(msgs))  # nothing limited in this load
     return {"adverts": len(births) + len(states), "intake_us_off": round(best["off"], 2),

@@ -502,7 +502,8 @@ def release_cmd(args: argparse.Namespace) -> int:
         client = MqttClient(creds.name, host, port, tls=None if args.insecure else creds.tls_for(None))
         client.start(wait_s=15.0)
         try:
-            if not client.publish(Topics(creds.fog.site).release(), codec.encode(rel), qos=1, retain=False).wait(15):
+            topic = Topics(creds.fog.site).release(creds.name)
+            if not client.publish(topic, codec.encode(rel), qos=1, retain=False).wait(15):
                 return _error(f"the broker at {args.broker} did not acknowledge the release")
         finally:
             client.stop()

@@ -90,7 +90,8 @@ class FogLink:
                 log.error("not publishing %s: %s", path.name, exc)
                 self.published[path.name] = {"error": str(exc)}
                 continue
-            if not self.client.publish(self.topics.release(), frame, qos=1, retain=False).wait(timeout_s):
+            topic = self.topics.release(self.client.client_id)  # under our own name (the ACL's)
+            if not self.client.publish(topic, frame, qos=1, retain=False).wait(timeout_s):
                 log.warning("release %s v%d not acknowledged by %s:%d; will retry", rel.workload, rel.version,
                             self.client.host, self.client.port)
                 break

@@ -225,7 +225,7 @@ class SiteLink:
                 return
             # QoS 1: a copy the broker has not acknowledged stays queued in the connection and is sent again
             # when it reconnects (and the rollout republishes), so a cut delays a release, it does not lose it
-            if self.client.send(self.topics.release(), cmd.frame, timeout=self.request_timeout_s):
+            if self.client.send(self.topics.release(self.site.creds.name), cmd.frame, timeout=self.request_timeout_s):
                 log.info("site %s: sent %s v%d", self.site.name, cmd.name, cmd.version)
                 self.poll_now.set()
             else:

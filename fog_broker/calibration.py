@@ -13,8 +13,10 @@ A device's times are keyed by the id the broker authenticated (the registry's),
 never by a label. A class's times (``class:NAME``, a namespace no device id is
 in) are the per-segment upper median over the devices of that class the fog
 knows: one liar among its class cannot make the class look faster, and nobody's
-label reaches another device's own times. No clock, no I/O: the service calls
-``note`` with what it heard.
+label reaches another device's own times. A device whose claims the router's observed round
+trips refuted (``claim_check``) is measured by the fog instead: its times are the observed ones,
+its own reports are ignored from then on, and it counts towards no class. No clock, no I/O: the
+service calls ``note`` with what it heard.
 """
 from __future__ import annotations
 
@@ -63,15 +65,36 @@ class CalibrationBook:
         self.change = change  # a full set is handed out again only when a segment moved this much
         self._book: dict[tuple[str, int], dict[str, _Entry]] = {}       # (w, v) -> device id ->
         self._classes: dict[tuple[str, int, str], tuple[float, ...]] = {}  # (w, v, class) -> applied
+        self._refuted: set[str] = set()  # devices whose claims the router refuted: measured by the fog
 
     def note(self, workload: str, version: int, device_id: str, cls: str, profile: ChainProfile,
              first: int, last: int, seconds: float) -> dict[str, tuple[float, ...]]:
         """Record a partition's calibration on ``device_id`` (of class ``cls``, '' for none, as the
         registry vouches for it); the per-segment times that moved enough to hand out again, keyed
         as ``ChainProfile.segment_times`` takes them (the device id, ``class:NAME``)."""
+        if device_id in self._refuted:
+            return {}  # its word on its speed counts no more (``refute``)
+        return self._note(workload, version, device_id, cls, profile, first, last, seconds)
+
+    def refute(self, workload: str, version: int, device_id: str, profile: ChainProfile, first: int,
+               last: int, observed_s: float) -> dict[str, tuple[float, ...]]:
+        """The router saw segments ``first..last`` take ``observed_s`` on ``device_id``, far above its
+        claims: that is its time from now on (its later reports are ignored), and it leaves its class."""
+        self._refuted.add(device_id)
+        devices = self._book.get((workload, version), {})
+        cls = devices[device_id].cls if device_id in devices else ""
+        out = self._note(workload, version, device_id, "", profile, first, last, observed_s, replace=True)
+        if cls:  # the class without it
+            out.update(self._class_times(workload, version, cls))
+        return out
+
+    def _note(self, workload: str, version: int, device_id: str, cls: str, profile: ChainProfile,
+              first: int, last: int, seconds: float, replace: bool = False) -> dict[str, tuple[float, ...]]:
         if not seconds > 0 or not 0 <= first <= last < len(profile.segments):
             return {}
         devices = self._book.setdefault((workload, version), {})
+        if replace:
+            devices.pop(device_id, None)
         e = devices.setdefault(device_id, _Entry())
         e.times.update(split_by_flops(profile, first, last, seconds))
         flops = sum(profile.segments[i].flops for i in e.times)
@@ -80,13 +103,20 @@ class CalibrationBook:
         out: dict[str, tuple[float, ...]] = {}
         if self._moved(e.full, e.applied):
             e.applied = out[device_id] = e.full
-        for c in sorted({e.cls, cls} - {""}):  # its class now, and the one it left (it no longer counts there)
-            members = [x.full for d, x in devices.items() if (x.cls if d != device_id else cls) == c]
-            times = tuple(median_high(col) for col in zip(*members)) if members else ()
-            if times and self._moved(times, self._classes.get((workload, version, c), ())):
-                self._classes[(workload, version, c)] = out[class_key(c)] = times
-        e.cls = cls
+        old, e.cls = e.cls, cls
+        for c in sorted({old, cls} - {""}):  # its class now, and the one it left (it no longer counts there)
+            out.update(self._class_times(workload, version, c))
         return out
+
+    def _class_times(self, workload: str, version: int, c: str) -> dict[str, tuple[float, ...]]:
+        """Class ``c``'s times when they moved: the upper median over its members the router has not refuted."""
+        members = [x.full for d, x in self._book.get((workload, version), {}).items()
+                   if x.cls == c and d not in self._refuted]
+        times = tuple(median_high(col) for col in zip(*members)) if members else ()
+        if times and self._moved(times, self._classes.get((workload, version, c), ())):
+            self._classes[(workload, version, c)] = times
+            return {class_key(c): times}
+        return {}
 
     def _moved(self, full: tuple[float, ...], applied: tuple[float, ...]) -> bool:
         return not applied or any(abs(a - b) > self.change * max(b, 1e-9) for a, b in zip(full, applied))
@@ -96,3 +126,7 @@ class CalibrationBook:
             del self._book[wv]
         for wvc in [k for k in self._classes if k[0] == workload]:
             del self._classes[wvc]
+
+    def forget_device(self, device_id: str) -> None:
+        """A removed device: a re-enrolled one starts untainted (its records go with its workloads)."""
+        self._refuted.discard(device_id)

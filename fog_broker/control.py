@@ -33,7 +33,7 @@ from runtime.errors import DecodeError, RemoteViolation, SecurityError
 from runtime.ids import is_id
 from runtime.messages import ControlReply, ControlRequest, Envelope
 from runtime.security import TrustStore, Verifier
-from runtime.topics import CTL, INFER
+from runtime.topics import CTL, INFER, RELEASE
 
 from .placement.model import Quota, Workload
 from .placement.spec import SpecError
@@ -44,7 +44,7 @@ from .trust import deploy_ref_allowed, may_control
 if TYPE_CHECKING:
     from .port import FogPort
 
-__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "RELEASE", "RELEASE_TOPIC", "ControlPlane", "json_default",
+__all__ = ["CONTROL_SHARE", "MAX_REQUEST_BYTES", "ControlPlane", "json_default",
            "misaddressed", "refusal_id"]
 
 MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (base64)
@@ -53,10 +53,9 @@ MAX_REQUEST_BYTES = 24 * 1024 * 1024  # a deploy carrying an uploaded model (bas
 # Past a budget requests are dropped unchecked (throttled); an identity is quarantined only for
 # requests that fail their checks (signed by someone else, replayed copies, bad signatures): 100
 # within 10 s, which a flood of those reaches within a fraction of a second.
-# Releases (``cloud/RELEASE``, which only coordinators may write) come a few a day: one budget for
-# the topic, taken before a release is decoded, so a coordinator flooding it costs a lookup each.
-RELEASE = "RELEASE"
-RELEASE_TOPIC = "cloud/RELEASE"  # the id its budget is kept under (no issued identity has a '/')
+# Releases (``cloud/RELEASE/{id}``, which only that coordinator may write) come a few a day: a
+# budget per coordinator, taken before a release is decoded, so a coordinator flooding it costs a
+# lookup each; junk releases count as failed checks, so it is quarantined (writes withheld at the broker).
 CONTROL_SHARE = SharePolicy(limits={CTL: Budget(20.0, 100.0), INFER: Budget(1000.0, 2000.0),
                                     RELEASE: Budget(5.0, 20.0)},
                             quarantine_failures=100, window_s=10.0, quarantine_s=60.0, max_identities=10_000)
@@ -123,7 +122,7 @@ class ControlPlane:
         (False: dropped and counted, no signature check.) ``sender`` is the topic's id."""
         if self.share is None:
             return True
-        who = sender if sender in self.keys or sender == RELEASE_TOPIC else _STRANGER
+        who = sender if sender in self.keys else _STRANGER
         verdict = self.share.admit(who, kind, now)
         if verdict in (OVER, QUARANTINED):
             self.counters[f"limited:{verdict}"] += 1

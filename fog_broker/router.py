@@ -183,6 +183,9 @@ class Router:
         self._streams: dict[tuple[str, str], deque[str]] = {}  # (reply_to, stream) -> request ids, in order
         self._held: dict[tuple[tuple[str, str], str], ReplyClient] = {}  # (stream, id) finished early, waiting
         self._probed: dict[tuple[str, int], float] = {}  # (workload, replica) -> last idle probe
+        # answered attempts the router timed: (workload, chain, round trip beyond predicted queueing);
+        # the site core drains it to check the devices' claimed stage times (``claim_check``)
+        self.observed: deque[tuple[str, Chain, float, list[float] | None, float]] = deque(maxlen=4096)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -293,6 +296,8 @@ class Router:
         self._end_attempt(res.request_id, p)
         if res.ok:
             self.model.learn(p.request.workload, p.chain, now - p.sent_at, p.wait_s)
+            self.observed.append((p.request.workload, p.chain, max(0.0, now - p.sent_at - p.wait_s),
+                                  self.model.stages(p.request.workload, p.chain), now))
             self.counters["answered"] += 1
             wl = p.request.workload
             took = now - p.received_at

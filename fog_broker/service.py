@@ -258,7 +258,7 @@ class FogService:
         self.mqtt.subscribe(t.fog_state(), self._on_fog_state, max_bytes=MAX_ADVERT_BYTES)
         self.mqtt.subscribe(t.infer("+"), on_other)
         self.mqtt.subscribe(t.control("+"), on_other, max_bytes=MAX_CONTROL_BYTES)
-        self.mqtt.subscribe(t.release(), on_other, max_bytes=MAX_CONTROL_BYTES)
+        self.mqtt.subscribe(t.release("+"), on_other, max_bytes=MAX_CONTROL_BYTES)
         self.mqtt.subscribe(t.result(self.config.fog_id, "+"), on_other)
         self.mqtt.on_connected.append(self._on_connected)
         self.ingest.start()
@@ -392,8 +392,8 @@ class FogService:
                 self._heard(item)
             case Built() | BuildFailed() | WiresMeasured():  # from the artifact thread
                 self.apply(item)
-            case Other(kind, msg, at):
-                self.data.handle(kind, msg, at)
+            case Other(kind, msg, at, sender):
+                self.data.handle(kind, msg, at, sender)
             case LocalInfer(request, at):
                 self.data.submit(request, at)
             case Call(fn, fut):

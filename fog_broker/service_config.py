@@ -38,6 +38,7 @@ class Other:
     kind: str
     msg: Any
     at: float
+    sender: str = ""  # the topic's id (the identity the broker authenticated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,9 +25,9 @@ from runtime.messages import (
     ModelRelease,
     RouteTicket,
 )
-from runtime.topics import CTL, INFER
+from runtime.topics import CTL, INFER, RELEASE
 
-from .control import RELEASE, misaddressed
+from .control import misaddressed
 from .ingest import RESULT
 from .router import ReplyClient, SendActivation
 from .service_config import LOCAL, LocalInfer
@@ -75,8 +75,9 @@ class DataPlane:
         frame = relay.issue(svc.identity, ticket, act)
         svc.mqtt.publish(svc.topics.activation(act.route[0].device_id, svc.config.fog_id), frame)
 
-    def handle(self, kind: str, msg: Any, at: float) -> None:
-        """An input decoded on the MQTT worker (``service_inputs``), authenticated here."""
+    def handle(self, kind: str, msg: Any, at: float, sender: str = "") -> None:
+        """An input decoded on the MQTT worker (``service_inputs``), authenticated here; ``sender``:
+        its topic's id."""
         if kind == RESULT:
             self._on_result(msg, at)
         elif kind == INFER:
@@ -84,7 +85,7 @@ class DataPlane:
         elif kind == CTL:
             self.svc.control.handle(msg, at, msg.sender if isinstance(msg, Envelope) else "?")
         elif kind == RELEASE:
-            self._on_release(msg, at)
+            self._on_release(msg, at, sender)
 
     def _on_result(self, env: Envelope, at: float) -> None:
         """A hop's answer, sealed by its device; the router checks the device is on the route."""
@@ -123,22 +124,29 @@ class DataPlane:
         """Route an authenticated request (owner thread); the answer goes to ``req.reply_to``."""
         self.svc.apply(Infer(req, time.time()), at)
 
-    def _on_release(self, msg: Any, at: float) -> None:
-        """A signed new model version from a pinned coordinator: keep it, roll the workloads that follow it."""
+    def _on_release(self, msg: Any, at: float, sender: str) -> None:
+        """A signed new model version from a pinned coordinator: keep it, roll the workloads that follow it.
+
+        Published on ``sender``'s topic (``cloud/RELEASE/{sender}``); the signer may be another pinned
+        key (a release key), so a refusal is charged to ``sender``, who sent it, not to the signer."""
         svc = self.svc
         if not isinstance(msg, ModelRelease):
             svc.counters["rejected:wrong kind"] += 1
+            svc.refused(RELEASE, sender)
             return
         why = svc.releases.check(msg, svc.trust.coordinators)
         if why:
             svc.counters[f"release:{why.split(' (')[0]}"] += 1
-            log.warning("model release %s v%s from %s refused: %s", msg.workload[:64], msg.version,
-                        msg.signer[:64], why)
+            if why != "stale":
+                svc.refused(RELEASE, sender)  # a failed check; an old version again is only stale
+            log.warning("model release %s v%s from %s (on %s's topic) refused: %s", msg.workload[:64], msg.version,
+                        msg.signer[:64], sender, why)
             return
         try:
             ref = svc.artifacts.store_blob(msg.artifact, expect_sha=msg.sha256)
         except RemoteViolation as exc:
             svc.counters["release:bad model"] += 1
+            svc.refused(RELEASE, sender)
             log.warning("model release %s v%d refused: %s", msg.workload, msg.version, exc)
             return
         svc.releases.accept(msg, ref)

@@ -1,6 +1,7 @@
 """How inputs reach the fog's owner thread (``service.FogService``): its inbox and lanes, and the gate.
 
-Inputs name their sender in the topic (``fog/CTL/{id}``, ``fog/INFER/{id}``, ``reply/{fog}/{device}``)
+Inputs name their sender in the topic (``fog/CTL/{id}``, ``fog/INFER/{id}``, ``reply/{fog}/{device}``,
+``cloud/RELEASE/{id}``)
 and the broker's ACL lets only that identity write there; on the MQTT worker each input is charged
 to that id's budget before any decode or signature check (``control``, ``ingest``), a payload signed
 by anyone else is dropped and charged to the topic's id, and the decoded rest is queued for the
@@ -16,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 from runtime import codec
 from runtime.errors import DecodeError
 from runtime.mqtt import Inbound
-from runtime.topics import CTL, INFER
+from runtime.topics import CTL, INFER, RELEASE
 
-from .control import RELEASE, RELEASE_TOPIC
 from .ingest import RESULT
 from .ratelimit import Copies
 from .service_config import MAX_CONTROL_BYTES, WAKE, Other
@@ -51,6 +51,7 @@ class InputGate:
         self._prefix_ctl = t.control("+")[:-2]
         self._prefix_infer = t.infer("+")[:-2]
         self._prefix_result = t.result(fog_id, "+")[:-2]
+        self._prefix_release = t.release("+")[:-2]
 
     # ------------------------------------------------------------ into the owner's queues (any thread)
 
@@ -103,8 +104,8 @@ class InputGate:
             return INFER, sender
         if base == self._prefix_result:
             return RESULT, sender
-        if topic == self.svc.topics.release():
-            return RELEASE, ""
+        if base == self._prefix_release:
+            return RELEASE, sender
         return "", ""
 
     def on_other(self, m: Inbound) -> None:
@@ -121,17 +122,15 @@ class InputGate:
             if m.payload:
                 svc.mqtt.publish(topic, b"", retain=True)  # clear it
             return
-        if kind in (CTL, INFER):
+        if kind in (CTL, INFER, RELEASE):
             if not svc.control.admit(sender, kind, m.received_at):
                 return  # over its sender's budget: dropped before decode and signature check (control.py)
         elif kind == RESULT:
             if sender != svc.config.fog_id and not svc.ingest.admit_result(sender, m.received_at):
                 return  # an unknown device, or over its budget (ingest.py)
-        elif kind != RELEASE:
+        else:
             svc.counters["rejected:bad topic"] += 1
             return
-        elif not svc.control.admit(RELEASE_TOPIC, kind, m.received_at):
-            return  # the release topic's one budget (control.py): a flood is dropped before decode
         try:
             if kind == RELEASE:
                 msg: Any = codec.decode(m.payload, max_size=MAX_CONTROL_BYTES, max_objects=4096, max_arrays=0)
@@ -141,8 +140,7 @@ class InputGate:
         except DecodeError as exc:
             why = "unsigned" if str(exc).startswith("expected an envelope") else "malformed"
             svc.counters[f"rejected:{why}"] += 1
-            if kind != RELEASE:
-                self._charge(kind, sender, m.received_at)  # a failed check: counts towards a quarantine
+            self._charge(kind, sender, m.received_at)  # a failed check: counts towards a quarantine
             log.debug("%s payload on %s: %s", why, topic, exc)
             return
         if kind != RELEASE and msg.sender != sender:
@@ -156,7 +154,7 @@ class InputGate:
         if kind == CTL and svc.config.control_lane:
             self.put_control(Other(kind, msg, m.received_at))
             return
-        self.put(Other(kind, msg, m.received_at))
+        self.put(Other(kind, msg, m.received_at, sender))
 
     def _known(self, kind: str, sender: str) -> bool:
         """An identity the fog issued or enrolled (only those get a memory of copies: bounded)."""

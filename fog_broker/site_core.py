@@ -35,6 +35,7 @@ from runtime.messages import (
 
 from .autoscale import AutoscaleConfig, Autoscaler, Load, replicas_for_rate
 from .calibration import CalibrationBook, throughput
+from .claim_check import ClaimCheck, ClaimCheckConfig
 from .controller import (
     Assignment,
     Controller,
@@ -267,6 +268,7 @@ class SiteCoreConfig:
     reply_topic: str = ""                # the fog's own reply topic (the router's hop answers)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     slow_stages: SlowStageConfig = field(default_factory=SlowStageConfig)
+    claims: ClaimCheckConfig = field(default_factory=ClaimCheckConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     max_rate_replicas: int = 16          # a ``rate_fps`` without ``autoscale`` asks for at most this many
@@ -286,6 +288,7 @@ class SiteCore:
         self._next_autoscale = -math.inf
         self.calibration = CalibrationBook()
         self.slow_stages = SlowStages(c.slow_stages)  # devices set aside for a stage slower than the plan
+        self.claims = ClaimCheck(c.claims)  # devices' reported timings against the router's round trips
         self.counters: Counter[str] = Counter()
         self.flags: dict[str, tuple[str, ...]] = {}  # device -> implausible claims in its birth
         self._rebirths = RateLimit(c.max_rebirths_per_s, c.max_rebirths_per_s)
@@ -356,6 +359,8 @@ class SiteCore:
                 self.flags.pop(device_id, None)
                 self._partitions_seen.pop(device_id, None)
                 self.slow_stages.forget(device_id)
+                self.claims.forget(device_id)
+                self.calibration.forget_device(device_id)
                 self._registry(self.registry.remove(device_id, now, reason), now, out, wall)
             case SetWorkload(spec, version, follows):
                 out += self._set_workload(spec, version, follows)
@@ -363,6 +368,7 @@ class SiteCore:
                 self.autoscaler.forget(name)
                 out += self.controller.remove_workload(name)
                 self.calibration.forget(name)
+                self.claims.forget_workload(name)
                 self.router.forget_workload(name)
                 self.follows.pop(name, None)
                 self.dirty = True
@@ -631,4 +637,36 @@ class SiteCore:
 
     def _result(self, res: InferenceResult, sender: str, now: float, wall: float) -> list[Command]:
         workload = self.router.workload_of(res.request_id)
-        return list(self.router.result(res, self.controller.chains(workload), now, wall, sender=sender))
+        out: list[Command] = list(self.router.result(res, self.controller.chains(workload), now, wall,
+                                                     sender=sender))
+        self._check_claims(out)
+        return out
+
+    def _check_claims(self, out: list[Command]) -> None:
+        """The router's timed answers against the stage times their devices report: a device whose
+        reports the round trips refute is flagged (no first replica) and measured by the fog instead."""
+        while self.router.observed:
+            workload, (replica, route), seconds, claimed, at = self.router.observed.popleft()
+            if not route:
+                continue
+            v = self.claims.observe(workload, route[0].version, replica, [h.device_id for h in route], seconds,
+                                    claimed, at)
+            if v is None:
+                continue
+            self.counters["timings_refuted"] += 1
+            out.append(SiteEvent("timings refuted", v.device, v.reason))
+            out.append(LogNote(f"device {v.device}: {v.reason}"))
+            entry = self.controller.workloads.get(workload)
+            first = self.controller.assignments.get((workload, v.version, replica, route[0].index))
+            last = self.controller.assignments.get((workload, v.version, replica, route[-1].index))
+            profile = entry.spec.profile if entry is not None and entry.version == v.version else None
+            flops = 0.0
+            if profile is not None and first is not None and last is not None:
+                flops = throughput(profile, first.first, last.last, v.observed_s)
+                times = self.calibration.refute(workload, v.version, v.device, profile, first.first, last.last,
+                                                v.observed_s)
+                if times:
+                    self.controller.update_costs(workload, profile.with_times(times))
+            self.registry.note_refuted(v.device, flops)
+            self.controller.request_plan()  # flagged: it holds no first replica; its costs moved
+            self.dirty = True

@@ -490,7 +490,7 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
     * operator, coordinator, app, monitor: control and inference requests under their own name
       (``fog/CTL/{name}``, ``fog/INFER/{name}``; the fog decides per role what each may ask),
       their own replies, the fog's STATE;
-    * coordinator: also releases and the fleet summary.
+    * coordinator: also releases under its own name (``cloud/RELEASE/{name}``) and the fleet summary.
     """
     for what, value in (("site name", site), ("fog id", fog_id)):
         if not is_id(value):
@@ -515,7 +515,7 @@ def acl_for(site: str, fog_id: str, identities: Mapping[str, str]) -> str:
             lines += [f"topic write {b}/fog/INFER/{name}", f"topic write {b}/fog/CTL/{name}",
                       f"topic read {b}/reply/{name}", f"topic read {b}/fog/STATE"]
             if role == "coordinator":
-                lines += [f"topic write {b}/cloud/RELEASE", f"topic read {b}/fog/SUMMARY"]
+                lines += [f"topic write {b}/cloud/RELEASE/{name}", f"topic read {b}/fog/SUMMARY"]
         lines.append("")
     return "\n".join(lines)
 

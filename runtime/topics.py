@@ -10,7 +10,8 @@ holds) that identity's own id, and the broker's ACL lets each identity write onl
 with its own id (``runtime.broker.acl_for``). The fog keys every budget, quarantine and
 log line by that id (``ParsedTopic.sender``), never by a name inside the payload:
 ``fog/CTL/{sender}``, ``fog/INFER/{sender}``, ``reply/{fog}/{device}`` (a hop's result),
-``dev/{dst}/ACT/{src}`` (an activation), ``dev/{id}/BIRTH|STATE|DEATH|ACK``.
+``dev/{dst}/ACT/{src}`` (an activation), ``cloud/RELEASE/{coordinator}`` (a model release),
+``dev/{id}/BIRTH|STATE|DEATH|ACK``.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ OWN_LEAVES = frozenset({BIRTH, STATE, DEATH, ACK})  # written by the device the 
 # Fog leaves whose topics end in their sender's id
 CTL, INFER = "CTL", "INFER"
 SENT_BY = frozenset({CTL, INFER})
+# The cloud leaf whose topic ends in its sender's id (a coordinator)
+RELEASE = "RELEASE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +83,12 @@ class Topics:
         """Retained FleetSummary for the coordinator."""
         return f"{self.base}/fog/SUMMARY"
 
-    def release(self) -> str:
-        return f"{self.base}/cloud/RELEASE"
+    def release(self, sender: str) -> str:
+        """Model releases ``sender`` (a coordinator) publishes (only it may write here; ``+``: all of them).
+
+        Under the publisher's own id so the fog's release budget and a quarantine for flooding key
+        on the identity the broker authenticated (the release's signer may be another key)."""
+        return f"{self.base}/cloud/{RELEASE}/{_level(sender, 'client id', '+')}"
 
     # devices
     def device(self, device_id: str, leaf: str) -> str:
@@ -123,7 +130,8 @@ def parse(topic: str) -> ParsedTopic:
     site, scope = parts[2], parts[3]
     if not is_id(site) or (scope in ("dev", "reply") and not is_id(parts[4])):
         raise RemoteViolation(f"site or id outside the id grammar: {topic[:80]!r}")
-    if len(parts) == 6 and (scope == "reply" or (scope == "fog" and parts[4] in SENT_BY)) and not is_id(parts[5]):
+    if len(parts) == 6 and (scope == "reply" or (scope == "fog" and parts[4] in SENT_BY)
+                            or (scope == "cloud" and parts[4] == RELEASE)) and not is_id(parts[5]):
         raise RemoteViolation(f"sender outside the id grammar: {topic[:80]!r}")
     if scope == "dev" and len(parts) == 6 and parts[5] in OWN_LEAVES:
         return ParsedTopic(site, scope, parts[4], parts[5], parts[4])
@@ -133,7 +141,9 @@ def parse(topic: str) -> ParsedTopic:
         return ParsedTopic(site, scope, parts[4], ACT, parts[6])
     if scope == "fog" and len(parts) == 6 and parts[4] in SENT_BY:
         return ParsedTopic(site, scope, "", parts[4], parts[5])
-    if scope in ("fog", "cloud") and len(parts) == 5 and parts[4] not in SENT_BY:
+    if scope == "cloud" and len(parts) == 6 and parts[4] == RELEASE:
+        return ParsedTopic(site, scope, "", RELEASE, parts[5])
+    if scope in ("fog", "cloud") and len(parts) == 5 and parts[4] not in SENT_BY and parts[4] != RELEASE:
         return ParsedTopic(site, scope, "", parts[4])
     if scope == "reply" and len(parts) == 5:
         return ParsedTopic(site, scope, parts[4], "")

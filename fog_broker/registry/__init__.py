@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ._core import (
     CLAIM_ABOVE_MEASURED,
+    CLAIM_REFUTED,
     CLAIM_TOLERANCE,
     TRANSITIONS,
     DeviceJoined,
@@ -20,6 +21,6 @@ from ._core import (
 
 __all__ = [
     "DeviceJoined", "DeviceLost", "DeviceRecord", "DeviceStatus", "RegistryConfig", "Registry",
-    "RequestRebirth", "TRANSITIONS", "training_fitness", "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED",
+    "RequestRebirth", "TRANSITIONS", "training_fitness", "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED", "CLAIM_REFUTED",
     "capacity_flags", "ThrottleChanged", "measured_power",
 ]

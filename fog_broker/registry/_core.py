@@ -23,7 +23,7 @@ from ..trust import death_applies
 __all__ = [
     "DeviceStatus", "DeviceRecord", "RegistryConfig", "Registry", "TRANSITIONS",
     "RequestRebirth", "DeviceJoined", "DeviceLost", "Command", "training_fitness",
-    "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED", "capacity_flags", "ThrottleChanged",
+    "CLAIM_TOLERANCE", "CLAIM_ABOVE_MEASURED", "CLAIM_REFUTED", "capacity_flags", "ThrottleChanged",
     "measured_power",
 ]
 
@@ -32,6 +32,9 @@ __all__ = [
 #: a measurement exists placement uses it instead of the claim anyway.
 CLAIM_TOLERANCE = 50.0
 CLAIM_ABOVE_MEASURED = "flops claim far above measured"
+#: The router's observed round trips were far above the stage times the device reported
+#: (``claim_check``): measured by the fog from then on, its own figures ignored.
+CLAIM_REFUTED = "timings far below the router's observed times"
 
 
 class DeviceStatus(enum.Enum):
@@ -159,6 +162,8 @@ class DeviceRecord:
     claim_flags: tuple[str, ...] = ()
     #: FLOP/s the device's own partition calibrations showed (best seen), None before any
     measured_flops: float | None = None
+    #: the router refuted its reported timings (``claim_check``): flagged, its calibrations ignored
+    refuted: bool = False
     #: W while computing, from the rails' joules per inference of its partitions (latest advert
     #: that had one); None: never measured, placement uses the birth's ``power_active_w``
     measured_power_w: float | None = None
@@ -202,10 +207,11 @@ def capacity_flags(rec: DeviceRecord) -> tuple[str, ...]:
     Empty (the device is verified) once a clean birth and the calibration agree.
     """
     b, m = rec.birth, rec.measured_flops
+    flags = rec.claim_flags + ((CLAIM_REFUTED,) if rec.refuted else ())
     if b is not None and m is not None and not (isinstance(b.flops, (int, float))
                                                  and b.flops <= CLAIM_TOLERANCE * m):
-        return rec.claim_flags + (CLAIM_ABOVE_MEASURED,)
-    return rec.claim_flags
+        return flags + (CLAIM_ABOVE_MEASURED,)
+    return flags
 
 
 def measured_power(st: DeviceState) -> float | None:
@@ -452,13 +458,27 @@ class Registry:
         True when the measurement newly flags the device's claim (plan again, as above).
         """
         rec = self.devices.get(device_id)
-        if rec is None or not (flops > 0 and math.isfinite(flops)):
-            return False
+        if rec is None or rec.refuted or not (flops > 0 and math.isfinite(flops)):
+            return False  # refuted: its own figures are ignored (``note_refuted``)
         was = bool(capacity_flags(rec))
         if rec.measured_flops is None or flops > rec.measured_flops:
             rec.measured_flops = flops
             self._touch(device_id)
         return not was and bool(capacity_flags(rec))
+
+    def note_refuted(self, device_id: str, flops: float) -> bool:
+        """The router's round trips refuted this device's reported timings (``claim_check``): flagged,
+        and ``flops`` (what the round trips showed; 0: nothing usable) is its measured compute from
+        now on, which its own calibrations never raise. True when newly flagged (plan again)."""
+        rec = self.devices.get(device_id)
+        if rec is None:
+            return False
+        was = bool(capacity_flags(rec))
+        rec.refuted = True
+        if flops > 0 and math.isfinite(flops):
+            rec.measured_flops = flops if rec.measured_flops is None else min(rec.measured_flops, flops)
+        self._touch(device_id)
+        return not was
 
     def forget(self, device_id: str) -> None:
         self.devices.pop(device_id, None)

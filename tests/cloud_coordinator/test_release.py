@@ -98,7 +98,7 @@ def test_fogline_release_publishes_a_signed_model(mosquitto, tmp_path, capsys) -
     model.write_bytes(export_onnx(_hook, _arrays()))
     got: queue.Queue[bytes] = queue.Queue()
     sub = MqttClient("fog-x-test", mosquitto.host, mosquitto.port)
-    sub.subscribe(Topics("site-x").release(), lambda m: got.put(m.payload))
+    sub.subscribe(Topics("site-x").release("coord-x"), lambda m: got.put(m.payload))
     sub.start(wait_s=5)
     try:
         args = ["--broker", mosquitto.address, "--credentials", str(creds.dir), "--insecure"]

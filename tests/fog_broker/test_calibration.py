@@ -65,3 +65,19 @@ def test_the_class_key_matches_what_the_scheduler_looks_up() -> None:
     timed = PROFILE.with_times(CalibrationBook().note("w", 1, "d0", "pi4", PROFILE, 0, 3, 0.012))
     assert timed.compute_s(0, 3, dev) == pytest.approx(0.012)   # measured, not FLOPs / device FLOPs
     assert class_label({"device-class": "d7"}, {"d7", "d8"}) == ""  # a class never names a device
+
+
+def test_a_refuted_device_is_measured_by_the_fog_and_leaves_its_class() -> None:
+    """The router saw a liar's chain take 40 ms: that is its time; its own reports are ignored after."""
+    book = CalibrationBook()
+    book.note("w", 1, "a", "pi4", PROFILE, 0, 3, 0.008)
+    book.note("w", 1, "b", "pi4", PROFILE, 0, 3, 0.008)
+    book.note("w", 1, "liar", "pi4", PROFILE, 0, 3, 0.00005)
+    got = book.refute("w", 1, "liar", PROFILE, 0, 3, 0.040)
+    assert got["liar"] == pytest.approx((0.005, 0.015, 0.0, 0.020))
+    assert book.note("w", 1, "liar", "pi4", PROFILE, 0, 3, 0.00005) == {}  # never trusted again
+    # a class is built only from members not refuted: the liar's figure moves no class
+    c = book.note("w", 1, "c", "pi4", PROFILE, 0, 3, 0.0001)
+    assert c.get("class:pi4") is None or c["class:pi4"] == pytest.approx((0.001, 0.003, 0.0, 0.004))
+    book.forget_device("liar")
+    assert "liar" in book.note("w", 1, "liar", "pi4", PROFILE, 0, 3, 0.008)

@@ -12,10 +12,22 @@ from collections.abc import Sequence
 
 import pytest
 
+from fog_broker.claim_check import ClaimCheckConfig
 from fog_broker.controller import DeployPartition, UndeployPartition
 from fog_broker.placement.model import ChainProfile, Segment, Workload
 from fog_broker.placement.scheduler import schedule
-from fog_broker.site_core import Ack, Advert, SetWorkload, SiteCore, SiteCoreConfig, SiteEvent
+from fog_broker.registry import CLAIM_REFUTED, capacity_flags
+from fog_broker.router import SendActivation
+from fog_broker.site_core import (
+    Ack,
+    Advert,
+    Infer,
+    Result,
+    SetWorkload,
+    SiteCore,
+    SiteCoreConfig,
+    SiteEvent,
+)
 from fog_broker.slow_stages import (
     SetAside,
     SlowStageConfig,
@@ -24,7 +36,13 @@ from fog_broker.slow_stages import (
     planned_stage_s,
 )
 from runtime.errors import LocalViolation
-from runtime.messages import DeviceBirth, DeviceState, PartitionStatus
+from runtime.messages import (
+    DeviceBirth,
+    DeviceState,
+    InferenceRequest,
+    InferenceResult,
+    PartitionStatus,
+)
 
 MB = 1_000_000
 KEY = ("w", 1, 0, 0)
@@ -134,8 +152,11 @@ def workload(name: str = "w") -> Workload:
 class Site:
     """A SiteCore and fake devices that deploy, ack, serve and advertise what they measured."""
 
-    def __init__(self) -> None:
-        self.core = SiteCore(schedule, SiteCoreConfig(state_interval_s=1.0, slow_stages=CFG))
+    def __init__(self, claims: ClaimCheckConfig | None = None) -> None:
+        self.core = SiteCore(schedule, SiteCoreConfig(state_interval_s=1.0, slow_stages=CFG,
+                                                      claims=claims or ClaimCheckConfig()))
+        self.reported = dict(PLANNED)  # what each device says its stage takes (a liar: far less)
+        self.sent: list[SendActivation] = []
         self.now = 0.0
         self.running: dict[str, dict[tuple[str, int, int, int], int]] = {d: {} for d in HARDWARE}  # -> served
         self.slowdown = dict.fromkeys(HARDWARE, 1.0)
@@ -150,6 +171,8 @@ class Site:
             c = queue.pop(0)
             if isinstance(c, SiteEvent):
                 self.events.append(c)
+            elif isinstance(c, SendActivation):
+                self.sent.append(c)
             elif isinstance(c, DeployPartition):
                 self.running[c.device][(c.workload, c.version, c.replica, c.index)] = 0
                 queue += self.core.handle(Ack(c.device, c.command_id, True, ""), self.now)
@@ -165,8 +188,8 @@ class Site:
             for key in self.running[d]:
                 self.running[d][key] += 20
                 parts.append(PartitionStatus(*key, sha256="0" * 64, health="running",
-                                             p50_s=PLANNED.get(d, 0.0) * self.slowdown[d],
-                                             served=self.running[d][key], calib_s=PLANNED.get(d, 0.0)))
+                                             p50_s=self.reported.get(d, 0.0) * self.slowdown[d],
+                                             served=self.running[d][key], calib_s=self.reported.get(d, 0.0)))
             msg = DeviceState(device_id=d, epoch=1, seq=self.seq[d], free_memory_bytes=HARDWARE[d][1],
                               partitions=tuple(parts))
             self.carry(self.core.handle(Advert(msg), self.now))
@@ -213,3 +236,38 @@ def test_a_stage_in_the_band_does_not_flap() -> None:
         site.step()
     assert site.running["a"] and not site.running["b"]
     assert not any(e.kind == "stage slow" for e in site.events)
+
+
+def test_a_device_reporting_50us_for_a_100ms_stage_is_refuted_by_the_routers_round_trips() -> None:
+    """Calibration poisoning: ``a`` reports 50 µs (below the floor that triggers a measurement) for a
+    stage that takes it 100 ms. The router times every answer: the claim is refuted, ``a`` is flagged
+    (no first replica), its times become the observed ones, and the honest ``b`` is never judged by it."""
+    site = Site(ClaimCheckConfig(alone_s=0.05, samples=5, span_s=0.3))
+    site.reported["a"] = 0.00005
+    site.carry(site.core.handle(SetWorkload(workload(), 1), site.now))
+    site.until(lambda: site.running["a"] and not site.running["b"])
+    site.step()  # its first advert: the 50 µs it reports reaches the router
+    for i in range(8):  # requests answered by a after its real 100 ms
+        site.sent.clear()
+        req = InferenceRequest(f"q{i}", "w", "fogline/v1/s/reply/app", {}, 5.0)
+        site.carry(site.core.handle(Infer(req, 1e9 + site.now), site.now))
+        (act,) = site.sent
+        assert act.device == "a"
+        site.now += 0.1
+        res = InferenceResult(act.activation.request_id, True, {}, "", "a", 0, 0.1)
+        site.carry(site.core.handle(Result(res, "a", 1e9 + site.now), site.now))
+    (refuted,) = [e for e in site.events if e.kind == "timings refuted"]
+    assert refuted.device == "a" and "claimed 0.05 ms" in refuted.reason and "100.0 ms" in refuted.reason
+    assert site.core.counters["timings_refuted"] == 1
+    rec = site.core.registry.devices
+    assert CLAIM_REFUTED in capacity_flags(rec["a"]) and not capacity_flags(rec["b"])
+    def times() -> dict[str, tuple[float, ...]]:
+        profile = site.core.controller.workloads["w"].spec.profile
+        assert profile is not None
+        return dict(profile.segment_times)
+    assert sum(times()["a"]) == pytest.approx(0.1, rel=0.05)  # measured by the fog, not told
+    site.until(lambda: site.running["b"] and not site.running["a"])  # flagged: it leads nothing
+    for _ in range(10):  # its later reports change nothing; b (honest, 200 ms) is never set aside
+        site.step()
+    assert sum(times()["a"]) == pytest.approx(0.1, rel=0.05)
+    assert not any(e.kind in ("stage slow", "timings refuted") and e.device == "b" for e in site.events)

@@ -122,7 +122,7 @@ def test_release_rollout_switches_without_a_failed_request(site: tuple[LocalSite
         c.start()
         try:
             assert c.wait_connected(10), c.last_error
-            assert c.publish(Topics(fog.site).release(), codec.encode(msg), qos=1).wait(10)
+            assert c.publish(Topics(fog.site).release(coord.name), codec.encode(msg), qos=1).wait(10)
         finally:
             c.stop()
 

@@ -186,7 +186,8 @@ def test_device_writes_only_under_its_own_prefix(pki: Pki, broker: MosquittoBrok
     wait_live(q, a, T.device("dev-a", "STATE"))
 
     forbidden = [T.device("dev-b", leaf) for leaf in ("BIRTH", "STATE", "DEATH", "ACK", "CMD")]
-    forbidden += [T.fog_state(), T.rebirth(), T.summary(), T.release(), "fogline/v1/s2/fog/CTL/dev-a", "other/topic"]
+    forbidden += [T.fog_state(), T.rebirth(), T.summary(), T.release("dev-a"), "fogline/v1/s2/fog/CTL/dev-a",
+                  "other/topic"]
     for topic in forbidden:
         a.publish(topic, b"forged", qos=1)
     a.publish(T.device("dev-a", "STATE"), b"own state", qos=1)
@@ -225,7 +226,7 @@ def test_device_reads_only_its_own_commands(pki: Pki, broker: MosquittoBroker, m
     fog.publish(T.device("dev-b", "CMD"), b"for b", qos=1)
     fog.publish(T.activation("dev-b", "fog-1"), b"for b", qos=1)
     fog.publish(T.reply("dev-b"), b"for b", qos=1)
-    fog.publish(T.release(), b"release", qos=1)
+    fog.publish(T.release("cloud-1"), b"release", qos=1)
     fog.publish(T.rebirth(), b"rebirth", qos=1)
     fog.publish(T.device("dev-a", "CMD"), b"for a", qos=1)
     fog.publish(T.device("dev-a", "CMD"), MARK, qos=1)
@@ -238,14 +239,17 @@ def test_cloud_rights(pki: Pki, broker: MosquittoBroker, made: list[MqttClient])
     q_cloud: queue.Queue[Inbound] = queue.Queue()
     fog = client(made, "fog-1", broker, pki.tls("fog-1"), {"fogline/v1/#": q_fog})
     cloud = client(made, "cloud-1", broker, pki.tls("cloud-1"), {"fogline/v1/#": q_cloud})
-    wait_live(q_fog, cloud, T.release())
+    wait_live(q_fog, cloud, T.release("cloud-1"))
     wait_live(q_cloud, fog, T.summary())
     cloud.publish(T.device("dev-a", "CMD"), b"forged cmd", qos=1)
     cloud.publish(T.fog_state(), b"forged state", qos=1)
     cloud.publish(T.control("op-1"), b"ctl as another", qos=1)
     cloud.publish(f"{T.base}/fog/CTL", b"ctl naming no one", qos=1)
     cloud.publish(T.control("cloud-1"), b"ctl", qos=1)
-    cloud.publish(T.release(), MARK, qos=1)
+    # releases only under its own name: never another's, never the old topic that named no sender
+    cloud.publish(T.release("op-1"), b"release as another", qos=1)
+    cloud.publish(f"{T.base}/cloud/RELEASE", b"release naming no one", qos=1)
+    cloud.publish(T.release("cloud-1"), MARK, qos=1)
     assert [m.topic for m in drain_until_marker(q_fog)] == [T.control("cloud-1")]
     fog.publish(T.device("dev-a", "STATE"), b"device detail", qos=1)
     fog.publish(T.reply("op-1"), b"someone else's answer", qos=1)
@@ -262,7 +266,7 @@ def test_operator_and_app_rights(pki: Pki, broker: MosquittoBroker, made: list[M
     app = client(made, "app-1", broker, pki.tls("app-1"))
     wait_live(q_fog, op, T.control("op-1"))
     for c, name, other in ((app, "app-1", "op-1"), (op, "op-1", "app-1")):
-        for topic in (T.device("dev-a", "CMD"), T.device("dev-a", "BIRTH"), T.release(), T.summary(),
+        for topic in (T.device("dev-a", "CMD"), T.device("dev-a", "BIRTH"), T.release(name), T.summary(),
                       T.fog_state(), T.reply("fog-1"), T.control(other), T.infer(other), T.control("fog-1"),
                       f"{T.base}/fog/CTL", f"{T.base}/fog/INFER"):
             c.publish(topic, b"forged", qos=1)

@@ -25,7 +25,7 @@ def test_builders_parse_back(site: str, dev: str) -> None:
     assert parse(t.infer(dev)) == ParsedTopic(site, "fog", "", "INFER", dev)
     assert parse(t.control(dev)) == ParsedTopic(site, "fog", "", "CTL", dev)
     assert parse(t.summary()) == ParsedTopic(site, "fog", "", "SUMMARY")
-    assert parse(t.release()) == ParsedTopic(site, "cloud", "", "RELEASE")
+    assert parse(t.release(dev)) == ParsedTopic(site, "cloud", "", "RELEASE", dev)
     assert parse(t.reply(dev)) == ParsedTopic(site, "reply", dev, "")
     assert parse(t.result(site, dev)) == ParsedTopic(site, "reply", site, "", dev)
 
@@ -69,6 +69,9 @@ def test_filters_match_what_they_should(site: str, dev: str) -> None:
     "fogline/v1/site/dev/d1/STATE/d1",
     "fogline/v1/site/fog/CTL",
     "fogline/v1/site/fog/INFER",
+    "fogline/v1/site/cloud/RELEASE",
+    "fogline/v1/site/cloud/RELEASE/a/b",
+    "fogline/v1/site/cloud/RELEASE/a b",
     "fogline/v1/site/fog/STATE/x",
     "fogline/v1/site/fog/CTL/a b",
     "fogline/v1/site/unknown/x",

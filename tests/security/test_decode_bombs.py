@@ -175,7 +175,7 @@ def test_bombs_to_the_fog_cost_it_no_memory(env: Site) -> None:
         op.stop()
     co = connect("coord-b", env.site.port, coord.tls_for("fog-default"))
     try:
-        assert co.publish(T.release(), bomb(), qos=1).wait(60)
+        assert co.publish(T.release("coord-b"), bomb(), qos=1).wait(60)
     finally:
         co.stop()
     e = connect(EVIL, env.site.port, tls_config(env.evil_data, "fog-default"))

@@ -67,13 +67,13 @@ def release(signer: Identity, name: str, version: int, blob: bytes) -> ModelRele
 
 
 def publish(site: LocalSite, carrier: Credentials, *msgs: ModelRelease, retain: bool = False) -> None:
-    """Publish over ``carrier``'s own MQTT connection (a coordinator may write cloud/RELEASE)."""
+    """Publish over ``carrier``'s own MQTT connection (a coordinator may write cloud/RELEASE/{its name})."""
     c = MqttClient(carrier.name, "127.0.0.1", site.port, tls=carrier.tls_for(carrier.fog.fog_id))
     c.start()
     try:
         assert c.wait_connected(10), c.last_error
         for m in msgs:
-            assert c.publish(T.release(), codec.encode(m), qos=1, retain=retain).wait(10)
+            assert c.publish(T.release(carrier.name), codec.encode(m), qos=1, retain=retain).wait(10)
     finally:
         c.stop()
 

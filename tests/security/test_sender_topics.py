@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,24 +246,47 @@ def test_a_forged_activation_flood_leaves_the_victim_on_the_site(site: Site) -> 
     assert lines < 60, f"{lines} new log lines about activations on the victim"
 
 
-def test_a_coordinator_flooding_the_release_topic_is_throttled_before_decode(site: Site) -> None:
-    """Releases had no budget: every frame on ``cloud/RELEASE`` was decoded on the MQTT worker."""
+def test_a_coordinator_flooding_its_release_topic_is_throttled_then_cut_off_at_the_broker(site: Site) -> None:
+    """Releases had one budget for the whole topic, which named no sender: every frame on
+    ``cloud/RELEASE`` was decoded on the MQTT worker and the flooder could not be quarantined.
+    Now each coordinator writes only ``cloud/RELEASE/{its id}``: a flood is charged to that id before
+    decode, its junk counts as failed checks, and the quarantine withholds its writes at the broker."""
     with site.site.client("watch") as c:
         before = c.status()["counters"]
-    junk = [(f"{BASE}/cloud/RELEASE", b"\x92" + bytes(range(200)))]
+    junk = b"\x92" + bytes(range(200))
+    # the old topic and another coordinator's (the ACL refuses both), and its own
+    frames = [(f"{BASE}/cloud/RELEASE", junk), (f"{BASE}/cloud/RELEASE/other-coord", junk),
+              (f"{BASE}/cloud/RELEASE/{CLOUD}", junk), (f"{BASE}/cloud/RELEASE/{CLOUD}", junk)]
     t0 = time.monotonic()
-    n = _sent(_attack(site, CLOUD, _issued_tls(site, CLOUD), junk))
+    n = _sent(_attack(site, CLOUD, _issued_tls(site, CLOUD), frames))
     assert n > 2_000, f"the flood was too slow to prove anything ({n} in {FLOOD_S:g} s)"
-    # The release topic names no sender, so this flood cannot be quarantined at the broker (only
-    # throttled at the fog): the fog's connection drains it first. Not yet asserted: others' status.
     with site.site.client("watch") as c:
-        after = wait_for(lambda: c.status(timeout=30)["counters"], 60, "the fog answers after the flood")
+        after = wait_for(lambda: c.status(timeout=30), 60, "the fog answers after the flood")
     window = time.monotonic() - t0  # the fog may still drain the flood after the attacker stopped
+    ctr = after["counters"]
 
     def grew(key: str) -> int:
-        return int(after.get(key, 0)) - int(before.get(key, 0))
+        return int(ctr.get(key, 0)) - int(before.get(key, 0))
     decoded = grew("rejected:malformed") + grew("rejected:unsigned")
     assert decoded <= 20 + 5 * window, f"{decoded} of {n} junk releases decoded in {window:.1f} s (budget 5/s, " \
                                        "bursts of 20)"
-    # the rest dropped unchecked (mosquitto may drop part of a QoS 0 flood to a busy subscriber)
-    assert grew("control.limited:over budget") > max(1_000, 10 * decoded), (after, n)
+    # the checked ones failed (>= 10 in the window): its excess counts as failures too, so it is quarantined
+    lim = after["limits"]["control"]
+    assert CLOUD in lim["quarantined"] and lim["quarantined"][CLOUD]["reason"].startswith("flooding: "), lim
+    assert not {"admin", "watch"} & set(lim["quarantined"]), lim  # (earlier tests' flooders may still be)
+    assert any(e["kind"] == "quarantined" and e["device"] == CLOUD for e in after["events"]), after["events"]
+    assert f"{CLOUD} quarantined" in site.fog_log()
+    # the broker withholds the coordinator's writes: a fresh burst on its own topic no longer reaches
+    # the fog (nothing is decoded, nothing is even dropped at the fog's budget)
+    mid = wait_for(lambda: c_status(site)["counters"], 30, "the fog's counters")
+    again = _sent(_attack(site, CLOUD, _issued_tls(site, CLOUD), [(f"{BASE}/cloud/RELEASE/{CLOUD}", junk)]))
+    end = wait_for(lambda: c_status(site)["counters"], 30, "the fog's counters")
+    reached = sum(int(end.get(k, 0)) - int(mid.get(k, 0)) for k in
+                  ("control.limited:over budget", "control.limited:quarantined", "rejected:malformed"))
+    assert again > 1_000 and reached < 0.05 * again, f"{reached} of {again} frames of a quarantined " \
+                                                      "coordinator reached the fog"
+
+
+def c_status(site: Site) -> dict[str, Any]:
+    with site.site.client("watch") as c:
+        return c.status(timeout=30)
