@@ -30,9 +30,9 @@ def _grid(n: int = 5, byz: dict[int, str] | None = None, **kw: Any) -> LocalGrid
     return g
 
 
-def _strategy(rule: str = "trimmed_mean", f: int = 1, **kw: Any) -> RobustStrategy:
-    kw.setdefault("fraction_evaluate", 0.0)
-    return RobustStrategy(rule, f=f, **kw, rounds=RoundConfig(round_timeout=5.0, grace=0.0))
+def _strategy(rule: str = "trimmed_mean", f: int = 1, *, checkpoint_dirs: Any = (), **rounds: Any) -> RobustStrategy:
+    rounds = {"fraction_evaluate": 0.0, "round_timeout": 5.0, "grace": 0.0, **rounds}
+    return RobustStrategy(rule, f=f, rounds=RoundConfig(**rounds), checkpoints=CheckpointConfig(dirs=checkpoint_dirs))
 
 
 def _flat(a: ArrayRecord) -> np.ndarray:

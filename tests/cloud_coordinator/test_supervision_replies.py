@@ -86,8 +86,8 @@ def _fatal(work: Path) -> dict[str, Any]:
 
 
 def test_a_raising_strategy_writes_fatal_json_with_its_traceback(tmp_path: Path) -> None:
-    s = RaisingStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0,
-                        work_dir=tmp_path)
+    s = RaisingStrategy("median", f=1, work_dir=tmp_path,
+                        rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     with pytest.raises(RunFailed, match="the ServerApp raised ZeroDivisionError: the user's strategy divides by zero"):
         s.start(grid=_grid(), initial_arrays=_init(), num_rounds=2)
     doc = _fatal(tmp_path)
