@@ -209,7 +209,7 @@ def from_replies(x: np.ndarray, f: int, m: int, repeat: int,
 
     from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 
-    from cloud_coordinator.strategy import RobustStrategy
+    from cloud_coordinator.strategy import RobustStrategy, RoundConfig
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     n = x.shape[0]
@@ -229,7 +229,7 @@ def from_replies(x: np.ndarray, f: int, m: int, repeat: int,
 
         def run_ours(name: str = name, kw: dict[str, Any] = kw) -> float:
             arrays, msgs = reply_messages(x, glob)
-            s = RobustStrategy(name, f=0 if name == "mean" else f, min_train_nodes=1, **kw)
+            s = RobustStrategy(name, f=0 if name == "mean" else f, **kw, rounds=RoundConfig(min_train_nodes=1))
             s.prepare(arrays)
             t0 = time.perf_counter()
             out, _ = s.aggregate_train(1, msgs)

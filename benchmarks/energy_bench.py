@@ -68,10 +68,10 @@ def make_site(rng: random.Random, n: int) -> tuple[Fleet, Fleet, dict[str, str]]
     def j() -> float:
         return rng.uniform(0.85, 1.2)
     for i, (name, fl, mem, up, down, rtt, pw, rail, meter) in enumerate(kinds):
-        d = Device(id=f"{name}-{i}", flops=fl * j(), memory_bytes=mem * j(), uplink_bps=up * j(),
-                   downlink_bps=down * j(), rtt_s=rtt * j(), power_active_w=pw,
+        d = Device(id=f"{name}-{i}", flops=fl * j(), memory_bytes=int(mem * j()), uplink_bps=up * j(),
+                   downlink_bps=down * j(), rtt_s=rtt * j(), power_active_w=pw, power_idle_w=0.0,
                    tx_j_per_byte=5e-8 * j(), rx_j_per_byte=5e-8 * j(),
-                   labels=(("power-domain", f"pd{i}"), ("device-model", name)))
+                   labels={"power-domain": f"pd{i}", "device-model": name})
         declared.append(d)
         if rail is None:
             measured.append(d)  # no meter: the modelled figure, marked as such

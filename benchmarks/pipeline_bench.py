@@ -82,11 +82,11 @@ def _plans(path: Path, flops: float, link: float) -> dict[str, Any]:
 
     prof = ChainProfile.from_dict(chain_profile(analyze(path, input_shapes={"images": SHAPE}), 16,
                                                 strategy="balanced").to_dict())
-    common: dict[str, Any] = dict(uplink_bps=link, downlink_bps=link, rtt_s=0.001, power_active_w=5.0,
+    common: dict[str, Any] = dict(uplink_bps=link, downlink_bps=link, rtt_s=0.001, power_active_w=5.0, power_idle_w=0.0,
                   tx_j_per_byte=1e-8, rx_j_per_byte=1e-8)
-    devs = (Device("cam", flops=1e8, memory_bytes=1000, labels=(("role", "source"),), **common),
-            *(Device(f"w{i}", flops=flops, memory_bytes=2e8,
-                     labels=(("role", "worker"), ("power-domain", f"pd{i}")), **common)
+    devs = (Device(id="cam", flops=1e8, memory_bytes=1000, labels={"role": "source"}, **common),
+            *(Device(id=f"w{i}", flops=flops, memory_bytes=200_000_000,
+                     labels={"role": "worker", "power-domain": f"pd{i}"}, **common)
               for i in range(2)))
     out: dict[str, Any] = {"segments": len(prof.segments),
                            "flops": sum(s.flops for s in prof.segments)}

@@ -46,10 +46,11 @@ def make_fleet(rng: random.Random, n: int, mem_scale: float = 1.0) -> Fleet:
         name, fl, mem, up, down, rtt, pw = rng.choice(TYPES) if i else TYPES[4]
         j = lambda: rng.uniform(0.8, 1.25)  # noqa: E731 - per-device jitter
         devs.append(Device(
-            id=f"{name}-{i}", flops=fl * j(), memory_bytes=mem * mem_scale * j(),
+            id=f"{name}-{i}", flops=fl * j(), memory_bytes=int(mem * mem_scale * j()),
             uplink_bps=up * j(), downlink_bps=down * j(), rtt_s=rtt * j(), power_active_w=pw * j(),
+            power_idle_w=0.0,
             tx_j_per_byte=5e-8 * j(), rx_j_per_byte=5e-8 * j(),
-            labels=(("power-domain", f"pd{i % 4}"),)))
+            labels={"power-domain": f"pd{i % 4}"}))
     return Fleet(tuple(devs))
 
 
@@ -76,10 +77,11 @@ def make_site(rng: random.Random, n: int) -> Fleet:
     for i, (name, fl, (mlo, mhi), up, down, rtt, pw) in enumerate(kinds):
         j = lambda: rng.uniform(0.8, 1.25)  # noqa: E731 - per-device jitter
         devs.append(Device(
-            id=f"{name}-{i}", flops=fl * j(), memory_bytes=rng.uniform(mlo, mhi),
+            id=f"{name}-{i}", flops=fl * j(), memory_bytes=int(rng.uniform(mlo, mhi)),
             uplink_bps=up * j(), downlink_bps=down * j(), rtt_s=rtt * j(), power_active_w=pw * j(),
+            power_idle_w=0.0,
             tx_j_per_byte=5e-8 * j(), rx_j_per_byte=5e-8 * j(),
-            labels=(("power-domain", f"pd{i}"),)))
+            labels={"power-domain": f"pd{i}"}))
     return Fleet(tuple(devs))
 
 

@@ -1,6 +1,6 @@
 """The autoscaling phase of ``fogline bench serving`` (issue 33): a step in offered load.
 
-The same secure site and simulated workers as ``serving_bench`` (each worker its own process,
+The same secure site (``serving_load``) and simulated workers as ``serving_bench`` (each worker its own process,
 its own power domain), seven workers so three replica chains of two stages fit, and the CNN
 deployed with ``"autoscale": {"min_replicas": 1, "max_replicas": 3}`` instead of ``replicas``.
 One chain's capacity is measured first (closed loop); then the offered load steps, open loop
@@ -25,7 +25,7 @@ import numpy as np
 
 from runtime import children
 
-from .serving_bench import Load, _site, _wait
+from .serving_load import Load, start_site, wait_until
 
 WORKERS = 7
 UP_S = 20.0     # the acceptance: a second chain runs within this after the step up
@@ -76,7 +76,7 @@ def run(args: Any, tmp: Path, model: Path, x: np.ndarray, capacity: float) -> di
     autoscaled workload, would itself scale it up)."""
     slo = args.slo
     low_s, high_s, down_s = (15.0, 40.0, 100.0) if args.quick else (30.0, 60.0, 110.0)
-    site = _site(tmp, "auto", False)
+    site = start_site(tmp, "auto", False)
     groups: list[subprocess.Popen[bytes]] = []
     watch: _Watch | None = None
     out: dict[str, Any] = {"workers": WORKERS, "steps_s": [low_s, high_s, down_s]}
@@ -84,7 +84,7 @@ def run(args: Any, tmp: Path, model: Path, x: np.ndarray, capacity: float) -> di
         groups = _fleet(site, tmp / "auto-fleet", args.flops)
         c = site.client()
         want = {"cam", *(f"w{i}" for i in range(WORKERS))}
-        _wait(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want, 180, "agents alive")
+        wait_until(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want, 180, "agents alive")
         c.deploy({"name": "cnn", "model": str(model), "source": "cam", "sink": "cam",
                   "autoscale": {"min_replicas": 1, "max_replicas": 3, "target_utilization": 0.7},
                   "objective": "throughput", "min_partitions": 2, "max_partitions": 2,

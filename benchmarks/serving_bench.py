@@ -26,12 +26,9 @@ Run: ``python -m benchmarks.serving_bench [--quick]`` (or ``fogline bench servin
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -44,91 +41,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks._emit import emit
+from benchmarks.serving_load import Load, ms, pct, start_site, wait_until
 from runtime import children
 
 WIDTHS = (48, 96, 192)
 WORKERS = 5  # 2 replicas x 2 stages, and one spare a killed stage is re-placed on
-
-
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not within {timeout:g} s")
-
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))] if s else None
-
-
-def _ms(v: float | None) -> float | None:
-    return None if v is None else round(v * 1000, 1)
-
-
-class Load:
-    """Open-loop Poisson arrivals of OIP requests over HTTPS; every request's outcome kept."""
-
-    def __init__(self, addr: str, model: str, x: np.ndarray, ca: str, cert: tuple[str, str], slo_s: float) -> None:
-        self.url = f"https://{addr}/v2/models/{model}/infer"
-        self.ctx = ssl.create_default_context(cafile=ca)
-        self.ctx.load_cert_chain(*cert)
-        head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
-                                       "parameters": {"binary_data_size": x.nbytes}}],
-                           "parameters": {"binary_data_output": True, "timeout": int(slo_s * 1e6)}}).encode()
-        self.body = head + np.ascontiguousarray(x, "<f4").tobytes()
-        self.headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
-        self.slo_s = slo_s
-
-    async def _one(self, session: Any, sent: float, out: list[dict[str, Any]]) -> None:
-        row: dict[str, Any] = {"sent": sent}
-        try:
-            async with session.post(self.url, data=self.body, headers=self.headers) as r:
-                data = await r.read()
-                row["status"] = r.status
-                row["retry_after"] = r.headers.get("Retry-After")
-                if r.status == 200:
-                    hl = r.headers.get("Inference-Header-Content-Length")
-                    doc = json.loads(data[:int(hl)] if hl else data)
-                    row["replica"] = (doc.get("parameters") or {}).get("replica")
-                else:
-                    row["error"] = data[:200].decode(errors="replace")
-        except Exception as exc:  # noqa: BLE001 - a failed request is a result here
-            row["status"] = 0
-            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-        row["latency"] = time.monotonic() - sent
-        out.append(row)
-
-    async def _run(self, rate: float, duration: float, seed: int, at: dict[float, Any]) -> list[dict[str, Any]]:
-        import aiohttp
-
-        rng = np.random.default_rng(seed)
-        out: list[dict[str, Any]] = []
-        tasks = []
-        conn = aiohttp.TCPConnector(ssl=self.ctx, limit=256)
-        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30)) as session:
-            t0 = time.monotonic()
-            t = t0
-            hooks = sorted(at.items())
-            while True:
-                t += float(rng.exponential(1.0 / rate))
-                if t - t0 >= duration:
-                    break
-                while hooks and t - t0 >= hooks[0][0]:
-                    hooks.pop(0)[1]()  # e.g. the kill, at its time in the phase
-                delay = t - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(self._one(session, time.monotonic(), out)))
-            await asyncio.gather(*tasks)
-        return out
-
-    def run(self, rate: float, duration: float, seed: int = 0, at: dict[float, Any] | None = None
-            ) -> list[dict[str, Any]]:
-        return asyncio.run(self._run(rate, duration, seed, at or {}))
 
 
 def figures(rows: list[dict[str, Any]], duration: float, slo_s: float, capacity: float, rate: float
@@ -144,25 +61,17 @@ def figures(rows: list[dict[str, Any]], duration: float, slo_s: float, capacity:
         "goodput_rps": round(len(good) / duration, 2),
         "goodput_over_offered": round(len(good) / n, 3) if n else None,
         "goodput_over_two_chains": round(len(good) / duration / (2 * capacity), 3),
-        "answered_200": len(ok), "p50_ms": _ms(_pct([r["latency"] for r in ok], 0.5)),
-        "p99_ms": _ms(_pct([r["latency"] for r in ok], 0.99)),
+        "answered_200": len(ok), "p50_ms": ms(pct([r["latency"] for r in ok], 0.5)),
+        "p99_ms": ms(pct([r["latency"] for r in ok], 0.99)),
         "share_504": round(st.get(504, 0) / n, 4) if n else None,
         "share_503": round(st.get(503, 0) / n, 4) if n else None,
         "share_other_errors": round(sum(v for k, v in st.items() if k not in (200, 503, 504)) / n, 4) if n else None,
-        "refusal_p50_ms": _ms(_pct(refused, 0.5)), "refusal_p99_ms": _ms(_pct(refused, 0.99)),
+        "refusal_p50_ms": ms(pct(refused, 0.5)), "refusal_p99_ms": ms(pct(refused, 0.99)),
         "retry_after_values": sorted({str(r.get("retry_after")) for r in rows if r["status"] == 503}),
         "statuses": {str(k): v for k, v in sorted(st.items())},
         "by_replica": {str(k): v for k, v in sorted(Counter(r.get("replica") for r in ok).items())},
         "errors_top": dict(errors.most_common(3)),
     }
-
-
-def _site(tmp: Path, name: str, baseline: bool) -> Any:
-    from simulations.local_site import LocalSite
-
-    return LocalSite(tmp / name, site=name, log=tmp / f"{name}.log",
-                     args=["--http", "0", "--state-interval", "1", "--summary-interval", "1",
-                           *(["--primary-only"] if baseline else [])]).start()
 
 
 def _fleet(site: Any, tmp: Path, flops: float) -> tuple[list[subprocess.Popen[bytes]], dict[str, Any]]:
@@ -181,7 +90,7 @@ def _fleet(site: Any, tmp: Path, flops: float) -> tuple[list[subprocess.Popen[by
 
 def _deploy(c: Any, model: Path, slo_s: float) -> dict[str, Any]:
     want = {"cam", *(f"w{i}" for i in range(WORKERS))}
-    _wait(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want, 180, "agents alive")
+    wait_until(lambda: {d["id"] for d in c.status()["devices"] if d["alive"]} >= want, 180, "agents alive")
     c.deploy({"name": "cnn", "model": str(model), "source": "cam", "sink": "cam", "replicas": 2,
               "objective": "throughput", "min_partitions": 2, "max_partitions": 2,
               "selectors": {"role": "worker"}, "slo_s": slo_s}, timeout=120)
@@ -222,7 +131,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     groups: list[subprocess.Popen[bytes]] = []
     capacity = 0.0
     for label, baseline in (("baseline_primary_only", True), ("spread_admission", False)):
-        site = _site(tmp, "base" if baseline else "serve", baseline)
+        site = start_site(tmp, "base" if baseline else "serve", baseline)
         try:
             groups, procs = _fleet(site, tmp / label, args.flops)
             c = site.client()
@@ -255,7 +164,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "3x_refusals_p99_le_50ms": (g3["refusal_p99_ms"] or 0) <= 50,
     }
     if not args.no_autoscale:  # issue 33: a step in load on an autoscaled workload (its own site)
-        from benchmarks import serving_autoscale
+        from benchmarks import serving_autoscale  # loads matplotlib: only when asked for
 
         res["autoscale"] = serving_autoscale.run(args, tmp, model, x, capacity)
         res["targets"].update({f"autoscale_{k}": v for k, v in res["autoscale"]["targets"].items()})
@@ -286,7 +195,7 @@ def _kill(c: Any, load: Load, procs: dict[str, Any], capacity: float, args: argp
         "failed_beyond_in_flight": len([r for r in failed if r not in in_flight]),
     })
     try:
-        _wait(lambda: next((x["healthy_replicas"] >= 2 for x in c.status(limit=0)["workloads"]
+        wait_until(lambda: next((x["healthy_replicas"] >= 2 for x in c.status(limit=0)["workloads"]
                             if x["name"] == "cnn"), False), 60, "2 replicas again")
         figs["two_replicas_again_after_s"] = round(time.monotonic() - k, 1)
     except TimeoutError:

@@ -156,7 +156,7 @@ def _ort(blob: bytes, x: Any) -> Any:
 # ---------------------------------------------------------------- one site
 
 
-class Site:
+class BenchSite:
     """A secure fog site: ``fogline broker`` + mosquitto, agent-group processes, the coordinator's relay."""
 
     def __init__(self, name: str, tmp: Path, groups: int, per_group: int, interval: float) -> None:
@@ -254,7 +254,7 @@ class Site:
 class Load:
     """Closed-loop inference on ``svc`` from its own identity, straight to the site; every answer checked."""
 
-    def __init__(self, site: Site, x: Any, refs: dict[int, Any], period: float = 0.1) -> None:
+    def __init__(self, site: BenchSite, x: Any, refs: dict[int, Any], period: float = 0.1) -> None:
         from fog_broker.client import FogClient
 
         self.site = site
@@ -341,7 +341,7 @@ class Bench:
                  aux: int) -> None:
         self.tmp = tmp
         self.ck = tmp / "ck"
-        self.sites = {n: Site(n, tmp, groups, per_group, interval) for n in SITES}
+        self.sites = {n: BenchSite(n, tmp, groups, per_group, interval) for n in SITES}
         self.cut_s, self.kill_at_s, self.aux = cut_s, kill_at_s, aux
         self.coord: subprocess.Popen[bytes] | None = None
         self.loads: dict[str, Load] = {}

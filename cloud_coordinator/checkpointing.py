@@ -27,7 +27,7 @@ from .layout import Layout
 from .policy import CheckpointPolicy, rounds_between_checkpoints, should_checkpoint
 from .store import Checkpoint, CheckpointStore
 
-__all__ = ["CHECKPOINT_KEY", "Checkpoints", "Resumed", "signing_identity", "restore_metrics"]
+__all__ = ["CHECKPOINT_KEY", "CheckpointConfig", "Checkpoints", "Resumed", "signing_identity", "restore_metrics"]
 
 log = logging.getLogger("fogline.strategy")
 CHECKPOINT_KEY = "checkpoint.key"  # default signing key, beside the first checkpoint directory (key_path)
@@ -72,6 +72,22 @@ def arrays_from(ckpt: Checkpoint, layout: Layout) -> ArrayRecord:
         raise LocalViolation("checkpoint arrays do not match the model layout")
     return ArrayRecord({n: Array(np.asarray(w).astype(np.dtype(dt), order="C"))
                         for n, w, dt in zip(names, ckpt.weights, layout.dtypes)})
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how durably ``RobustStrategy`` checkpoints (``policy.CheckpointPolicy``'s mode,
+    keep and quorum); no ``dirs``: no checkpoints. ``signing_key`` signs checkpoints and releases
+    (None: one kept beside the first directory, or the work directory)."""
+
+    dirs: tuple[Path, ...] = ()
+    mode: str = "every-round"
+    keep: int = 3
+    quorum: int | None = None
+    signing_key: Identity | str | Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dirs", tuple(Path(d) for d in self.dirs))
 
 
 class Checkpoints:

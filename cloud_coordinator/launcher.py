@@ -51,7 +51,7 @@ from .supervision import (
     Event,
     Health,
     Limits,
-    Phase,
+    RunPhase,
     State,
     diagnose,
     flower_event,
@@ -416,11 +416,11 @@ class Supervisor:
         now = time.monotonic()
         if now > deadline:
             return [(Event.TIMEOUT, {"reason": f"coordinator timed out after {self.opts.timeout_s:.0f} s"})]
-        if state.phase is not Phase.IDLE and self.superlink_dead():
+        if state.phase is not RunPhase.IDLE and self.superlink_dead():
             log.warning("SuperLink died mid-run; restarting it and resuming from checkpoint")
             self.component_restarts[Component.SUPERLINK] += 1
             return [(Event.SUPERLINK_DEAD, {})]
-        if self.opts.watchdog_s and state.phase in (Phase.LIVE, Phase.CHECKING):
+        if self.opts.watchdog_s and state.phase in (RunPhase.LIVE, RunPhase.CHECKING):
             self._note_progress()
             silent = now - self._progress_at
             # the bound raised for a long adapted deadline covers a ServerApp at work; with a Flower
@@ -438,12 +438,12 @@ class Supervisor:
                 log.warning("%s; restarting the %s", line, component)
                 self._progress_at = now
                 return [(Event.STALLED, {"component": component, "reason": line, "restartable": self.owned})]
-        if state.phase is Phase.SETTLING:
+        if state.phase is RunPhase.SETTLING:
             return [(Event.SETTLED, {})] if now >= self._settle_until else []
         stream_ended = self.run_proc is None or self.run_proc.poll() is not None
-        if state.phase is Phase.LIVE and stream_ended:
+        if state.phase is RunPhase.LIVE and stream_ended:
             return [(Event.STREAM_ENDED, {})]
-        if state.phase in (Phase.LIVE, Phase.CHECKING) and now >= self._next_query and state.run_id is not None:
+        if state.phase in (RunPhase.LIVE, RunPhase.CHECKING) and now >= self._next_query and state.run_id is not None:
             status = self.run_status(state.run_id)
             ev = flower_event(status)
             self._next_query = now + (LIVE_QUERY_S if ev is Event.ACTIVE else CHECK_QUERY_S)
@@ -452,7 +452,7 @@ class Supervisor:
                 quick = now - self._submitted_at < QUICK_S and status != "finished:completed"
                 log.warning("run %s %s without finishing the rounds", state.run_id, status)
                 return [(ev, {"quick": quick, "reason": f"run {state.run_id} {status}: {self._last_error_line()}"})]
-            if ev is Event.ACTIVE and state.phase is Phase.CHECKING:
+            if ev is Event.ACTIVE and state.phase is RunPhase.CHECKING:
                 log.info("the log stream of run %s ended but Flower says it is %s; not resubmitting",
                          state.run_id, status)
             return [(ev, {})]
@@ -582,19 +582,19 @@ class Supervisor:
                     self._stalled_run = state.run_id
                     state, actions = step(state, event, limits, **kw)
                     self.restarts = state.restarts
-                    if event is Event.STALLED and state.phase is not Phase.FAILED:
+                    if event is Event.STALLED and state.phase is not RunPhase.FAILED:
                         self.component_restarts[kw["component"]] += 1
-                    if state.phase is Phase.DONE:
+                    if state.phase is RunPhase.DONE:
                         assert self._doc is not None
                         return self._with_restarts(self._doc)
-                    if state.phase is Phase.FAILED:
+                    if state.phase is RunPhase.FAILED:
                         if event is Event.FATAL:
                             raise RunStopped(state.reason or "the run stopped")
                         where = "" if event is Event.TIMEOUT else f"; see {self.dir / 'flwr-run.log'}"
                         raise FoglineError(f"{state.reason}{where}")
                     if before.phase is not state.phase:
                         log.debug("supervision: %s --%s--> %s", before.phase, event, state.phase)
-                    if state.phase is Phase.IDLE and Action.SUBMIT in actions:
+                    if state.phase is RunPhase.IDLE and Action.SUBMIT in actions:
                         self._stop_run()
                     for action in actions:
                         queue.extend(self._do(action, state, deadline))

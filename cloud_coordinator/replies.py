@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
-from .layout import CLIENT_ERROR
+from .layout import CLIENT_ERROR, MAX_EXAMPLES
 
-__all__ = ["flower_error", "median_metrics", "reason_slug"]
+__all__ = ["ReplyConfig", "flower_error", "median_metrics", "reason_slug"]
 
 
 def reason_slug(reason: str) -> str:
@@ -40,3 +41,17 @@ def median_metrics(contents: Sequence[RecordDict], skip: str) -> dict[str, float
                 if k != skip and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     values.setdefault(k, []).append(float(v))
     return {k: float(np.median(v)) for k, v in sorted(values.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyConfig:
+    """Where a reply's parts are and how far its example count is believed (``RobustStrategy``).
+
+    The keys are Flower's ``FedAvg`` ones; ``max_examples`` bounds a claimed example count so one
+    client cannot outweigh the rest under ``mean``.
+    """
+
+    weighted_by_key: str = "num-examples"
+    arrayrecord_key: str = "arrays"
+    configrecord_key: str = "config"
+    max_examples: int = MAX_EXAMPLES

@@ -16,7 +16,7 @@ from enum import Enum
 
 from runtime.errors import LocalViolation
 
-__all__ = ["DeadlinePolicy", "Wait", "message_ttl", "round_deadline", "starved_line", "wait_decision"]
+__all__ = ["DeadlinePolicy", "RoundConfig", "Wait", "message_ttl", "round_deadline", "starved_line", "wait_decision"]
 
 
 class Wait(Enum):
@@ -93,3 +93,33 @@ def message_ttl(deadline_s: float, grace_s: float, slack_s: float = 30.0) -> flo
 def starved_line(usable: int, sent: int, deadline_s: float) -> str:
     """The one-line reason of a starved attempt (log, progress.json, report.json)."""
     return f"{usable}/{sent} replies within {deadline_s:.3g} s"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundConfig:
+    """Who a round asks, how many usable replies count, and how long it waits (``RobustStrategy``).
+
+    Flower's ``FedAvg`` sampling knobs plus the quorum and deadline this module decides with:
+    a round counts with ``quorum(rule minimum, min_replies, min_train_nodes)`` replies, waits
+    ``grace`` seconds for stragglers once it has them, and an attempt waits ``round_timeout`` at
+    first, then what replies took, up to ``max_round_timeout``; ``max_attempts`` per round.
+    """
+
+    fraction_train: float = 1.0
+    fraction_evaluate: float = 1.0
+    min_train_nodes: int = 2
+    min_evaluate_nodes: int = 2
+    min_available_nodes: int = 2
+    min_replies: int | None = None
+    round_timeout: float = 60.0
+    grace: float = 5.0
+    max_attempts: int = 3
+    max_round_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction_train <= 1.0 or not 0.0 <= self.fraction_evaluate <= 1.0:
+            raise LocalViolation("fraction_train and fraction_evaluate must be in [0, 1]")
+        if self.round_timeout <= 0 or self.grace < 0 or self.max_attempts < 1:
+            raise LocalViolation("round_timeout must be > 0, grace >= 0, max_attempts >= 1")
+        if self.min_replies is not None and self.min_replies < 1:
+            raise LocalViolation(f"min_replies must be >= 1, got {self.min_replies}")

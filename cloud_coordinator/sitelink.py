@@ -36,7 +36,7 @@ from runtime.topics import Topics
 from .canary import held_out_batch, reference_outputs
 from .release import ReleaseError
 from .rollout import Lost, ProbeDone, ProbeSample, RolloutPolicy, Seen, compare_outputs, site_view
-from .sites import Site
+from .sites import SiteEndpoint
 from .summaries import MAX_SUMMARY_BYTES, SummaryInbox
 
 __all__ = ["SiteClient", "SiteLink", "KeyMismatch", "SendRelease", "RunProbe", "ProbeCut"]
@@ -89,7 +89,7 @@ _STOP = object()
 class SiteLink:
     """The thread that owns one site's ``SiteClient``."""
 
-    def __init__(self, site: Site, summaries_dir: Path, events: queue.Queue[Any], *, insecure: bool = False,
+    def __init__(self, site: SiteEndpoint, summaries_dir: Path, events: queue.Queue[Any], *, insecure: bool = False,
                  poll_s: float = 5.0, fast_poll_s: float = 0.5, connect_timeout_s: float = 5.0,
                  request_timeout_s: float = 5.0) -> None:
         self.site = site

@@ -40,7 +40,7 @@ from runtime.mqtt import parse_hostport
 
 from .rollout import RolloutPolicy
 
-__all__ = ["SiteSpec", "Site", "SiteTable", "parse_site_arg", "specs_from_toml", "load_sites_toml", "resolve",
+__all__ = ["SiteSpec", "SiteEndpoint", "SiteTable", "parse_site_arg", "specs_from_toml", "load_sites_toml", "resolve",
            "SITES_DIR", "TABLE_FILE", "STATUS_FILE", "ROLLOUTS_FILE", "valid_site_name", "save_table",
            "load_table", "summaries_dir_of"]
 
@@ -142,7 +142,7 @@ def load_sites_toml(path: Path) -> tuple[list[SiteSpec], dict[str, Any]]:
 
 
 @dataclass(frozen=True, slots=True)
-class Site:
+class SiteEndpoint:
     """A checked site: its spec, loaded credentials and the address to dial."""
 
     spec: SiteSpec
@@ -163,7 +163,7 @@ class Site:
 class SiteTable:
     """The sites in rollout order (the canary first) and the rollout policy."""
 
-    sites: tuple[Site, ...]
+    sites: tuple[SiteEndpoint, ...]
     canary: str
     policy: RolloutPolicy
 
@@ -171,14 +171,14 @@ class SiteTable:
     def names(self) -> list[str]:
         return [s.name for s in self.sites]
 
-    def get(self, name: str) -> Site:
+    def get(self, name: str) -> SiteEndpoint:
         for s in self.sites:
             if s.name == name:
                 return s
         raise LocalViolation(f"unknown site {name!r} (sites: {', '.join(self.names)})")
 
 
-def _load(spec: SiteSpec) -> Site:
+def _load(spec: SiteSpec) -> SiteEndpoint:
     try:
         creds = load_credentials(spec.credentials)
     except LocalViolation as exc:
@@ -195,7 +195,7 @@ def _load(spec: SiteSpec) -> Site:
         host, port = parse_hostport(addr)
     except ValueError:
         raise LocalViolation(f"site {spec.name}: {addr!r} is not HOST:PORT") from None
-    return Site(spec, creds, host, port)
+    return SiteEndpoint(spec, creds, host, port)
 
 
 def resolve(specs: Sequence[SiteSpec], canary: str | None = None,

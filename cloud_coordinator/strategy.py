@@ -21,7 +21,7 @@ in the Deployment Engine or the Simulation Engine. What changes:
 * the reply deadline follows the machine (``rounds.round_deadline``: p95 of
   earlier reply times x a margin, from ``round_timeout`` up to
   ``max_round_timeout``) and Flower's message TTL is never shorter;
-* with ``checkpoint_dirs`` every round is checkpointed, signed and
+* with ``checkpoints=CheckpointConfig(dirs=...)`` every round is checkpointed, signed and
   quorum-replicated, and ``start`` resumes from the newest round verified in
   a quorum of replicas, so a killed run continues where it stopped;
 * with ``release`` the global model is exported (the user's hook), checked in
@@ -41,8 +41,8 @@ import os
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -66,11 +66,17 @@ from runtime.errors import FoglineError, LocalViolation
 from runtime.security import Identity
 
 from .aggregation import DEFAULT_RULE, AggregationError, Aggregator, describe, get_rule, quorum
-from .checkpointing import CHECKPOINT_KEY, Checkpoints, Resumed, restore_metrics, signing_identity
+from .checkpointing import (
+    CHECKPOINT_KEY,
+    CheckpointConfig,
+    Checkpoints,
+    Resumed,
+    restore_metrics,
+    signing_identity,
+)
 from .layout import (
     DUPLICATE_REPLY,
     MALFORMED,
-    MAX_EXAMPLES,
     NO_ARRAYS,
     UNEXPECTED_REPLY,
     Layout,
@@ -84,8 +90,16 @@ from .release import (
     ReleaseError,
     Releaser,
 )
-from .replies import flower_error, median_metrics, reason_slug
-from .rounds import DeadlinePolicy, Wait, message_ttl, round_deadline, starved_line, wait_decision
+from .replies import ReplyConfig, flower_error, median_metrics, reason_slug
+from .rounds import (
+    DeadlinePolicy,
+    RoundConfig,
+    Wait,
+    message_ttl,
+    round_deadline,
+    starved_line,
+    wait_decision,
+)
 from .runfiles import (
     RunFailed,
     lock_work_dir,
@@ -103,7 +117,7 @@ from .store import QuorumError
 from .summaries import Selector
 from .supernodes import KeyBook, devices_of
 
-__all__ = ["RobustStrategy", "Release", "RunFailed", "CHECKPOINT_KEY"]
+__all__ = ["RobustStrategy", "RoundConfig", "ReplyConfig", "CheckpointConfig", "Release", "RunFailed", "CHECKPOINT_KEY"]
 
 log = logging.getLogger("fogline.strategy")
 POLL_S = 0.2
@@ -139,25 +153,20 @@ class RobustStrategy(Strategy):
 
     ``rule`` is a rule of ``cloud_coordinator.aggregation`` (``preaggregator`` an
     optional ``+``-joined prefix such as ``"nnm"``); ``f`` the Byzantine clients to
-    tolerate. A round counts with at least ``quorum`` usable replies (the rule's minimum,
-    ``min_replies``, ``min_train_nodes``) and waits ``grace`` seconds longer for
-    stragglers once it has them; an attempt waits ``round_timeout`` seconds for replies
-    at first, then what earlier replies took (p95 x 3), up to ``max_round_timeout``
-    (default 5 x ``round_timeout``); ``max_attempts`` per round, then the run stops.
+    tolerate. ``RobustStrategy(rule, f)`` is the simple case; the rest comes in one frozen
+    record per concern, defined beside the code that reads it: ``rounds`` (``RoundConfig``:
+    sampling, quorum, deadlines), ``replies`` (``ReplyConfig``), ``checkpoints``
+    (``CheckpointConfig``) and ``release``. A round counts with at least ``quorum`` usable
+    replies (the rule's minimum, ``min_replies``, ``min_train_nodes``) and waits ``grace``
+    seconds longer for stragglers once it has them; an attempt waits ``round_timeout``
+    seconds for replies at first, then what earlier replies took (p95 x 3), up to
+    ``max_round_timeout`` (default 5 x ``round_timeout``); ``max_attempts`` per round.
     """
 
     def __init__(self, rule: str = DEFAULT_RULE, f: int = 1, preaggregator: str | None = None, *,
-                 rule_options: Mapping[str, Any] | None = None,
-                 fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
-                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
-                 round_timeout: float = 60.0, grace: float = 5.0, max_attempts: int = 3,
-                 min_replies: int | None = None, max_round_timeout: float | None = None,
-                 checkpoint_dirs: Sequence[str | Path] = (), checkpoint_mode: str = "every-round",
-                 checkpoint_keep: int = 3, checkpoint_quorum: int | None = None,
-                 signing_key: Identity | str | Path | None = None,
-                 release: Release | None = None, seed: int = 0,
-                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
-                 configrecord_key: str = "config", max_examples: int = MAX_EXAMPLES,
+                 rule_options: Mapping[str, Any] | None = None, seed: int = 0,
+                 rounds: RoundConfig | None = None, replies: ReplyConfig | None = None,
+                 checkpoints: CheckpointConfig | None = None, release: Release | None = None,
                  node_devices: Mapping[str, str] | None = None,
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
@@ -165,32 +174,18 @@ class RobustStrategy(Strategy):
         self.rule = f"{preaggregator}+{rule}" if preaggregator else rule
         self.f = f
         self.rule_options = dict(rule_options or {})
-        self.fraction_train = fraction_train
-        self.fraction_evaluate = fraction_evaluate
-        self.min_train_nodes = min_train_nodes
-        self.min_evaluate_nodes = min_evaluate_nodes
-        self.min_available_nodes = min_available_nodes
-        self.round_timeout = round_timeout
-        self.grace = grace
-        self.max_attempts = max_attempts
-        self.min_replies = min_replies
-        self.max_round_timeout = max_round_timeout
+        # one frozen record per concern, each defined beside the code that reads it
+        self.rounds = rounds or RoundConfig()
+        self.replies = replies or ReplyConfig()
+        self.checkpoints = checkpoints or CheckpointConfig()
         self._reply_s: list[float] = []  # seconds from sending to each usable reply, earlier attempts
-        self.deadline_s = round_timeout  # the current attempt's reply deadline
+        self.deadline_s = self.rounds.round_timeout  # the current attempt's reply deadline
         self._status: dict[str, Any] = {}  # progress.json / fogline status: replies vs quorum, retries, deadline
         self._released: tuple[int, str] | None = None  # (version, sha256) of the newest release of the model
-        self.checkpoint_dirs = tuple(Path(d) for d in checkpoint_dirs)
-        self.checkpoint_mode = checkpoint_mode
-        self.checkpoint_keep = checkpoint_keep
-        self.checkpoint_quorum = checkpoint_quorum
-        self.signing_key = signing_key
+        self.signing_key = self.checkpoints.signing_key  # resolved to an Identity when first needed
         self.release = release
         self.seed = seed
         self.lineage = ""  # settings: a --new-lineage id, part of the config hash
-        self.weighted_by_key = weighted_by_key
-        self.arrayrecord_key = arrayrecord_key
-        self.configrecord_key = configrecord_key
-        self.max_examples = max_examples
         self.node_devices = dict(node_devices) if node_devices is not None else None  # key id -> device
         self.train_metrics_aggr_fn = train_metrics_aggr_fn
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
@@ -211,40 +206,35 @@ class RobustStrategy(Strategy):
     # ------------------------------------------------------------------ configuration
 
     def _build_aggregator(self) -> Aggregator:
-        if not 0.0 <= self.fraction_train <= 1.0 or not 0.0 <= self.fraction_evaluate <= 1.0:
-            raise LocalViolation("fraction_train and fraction_evaluate must be in [0, 1]")
-        if self.round_timeout <= 0 or self.grace < 0 or self.max_attempts < 1:
-            raise LocalViolation("round_timeout must be > 0, grace >= 0, max_attempts >= 1")
-        if self.min_replies is not None and self.min_replies < 1:
-            raise LocalViolation(f"min_replies must be >= 1, got {self.min_replies}")
-        self.deadline_policy = DeadlinePolicy.around(self.round_timeout, self.max_round_timeout)
+        self.deadline_policy = DeadlinePolicy.around(self.rounds.round_timeout, self.rounds.max_round_timeout)
         return get_rule(self.rule, self.f, seed=self.seed, **self.rule_options)
 
     @property
     def quorum(self) -> int:
         """Usable replies a round needs to count (``aggregation.quorum``: never fewer than the rule needs for ``f``)."""
-        return quorum(self._aggregator.min_clients, self.min_replies, self.min_train_nodes)
+        return quorum(self._aggregator.min_clients, self.rounds.min_replies, self.rounds.min_train_nodes)
 
     def apply_settings(self, s: Settings) -> None:
         """Let ``fogline coordinator``'s settings override the constructor (see ``settings``)."""
         self.settings = s
         self.work_dir = Path(s.work_dir)
         self.lineage = s.lineage
-        if not s.client_evaluate and self.fraction_evaluate > 0.0:
+        if not s.client_evaluate and self.rounds.fraction_evaluate > 0.0:
             log.info("the ClientApp has no evaluate function: no evaluate Messages (fraction_evaluate %.2f -> 0)",
-                     self.fraction_evaluate)
-            self.fraction_evaluate = 0.0
+                     self.rounds.fraction_evaluate)
+            self.rounds = replace(self.rounds, fraction_evaluate=0.0)
         if s.rule is not None:
             self.rule = s.rule
         if s.f is not None:
             self.f = s.f
-        for name in ("round_timeout", "grace", "min_train_nodes", "seed", "min_replies", "max_round_timeout",
-                     "max_attempts"):
-            if getattr(s, name) is not None:
-                setattr(self, name, getattr(s, name))
+        if s.seed is not None:
+            self.seed = s.seed
+        given = {name: getattr(s, name) for name in ("round_timeout", "grace", "min_train_nodes", "min_replies",
+                                                     "max_round_timeout", "max_attempts")}
+        self.rounds = replace(self.rounds, **{k: v for k, v in given.items() if v is not None})
         if s.checkpoint_dirs:
-            self.checkpoint_dirs = tuple(Path(d) for d in s.checkpoint_dirs)
-            self.checkpoint_quorum, self.checkpoint_keep, self.checkpoint_mode = s.quorum, s.keep, s.checkpoint_mode
+            self.checkpoints = replace(self.checkpoints, dirs=tuple(Path(d) for d in s.checkpoint_dirs),
+                                       quorum=s.quorum, keep=s.keep, mode=s.checkpoint_mode)
         if s.signing_key:
             self.signing_key = Identity.load(s.signer, s.signing_key)
         if s.export:
@@ -263,10 +253,11 @@ class RobustStrategy(Strategy):
     def summary(self) -> None:
         log.info("\t├──> RobustStrategy: %s, f=%d, quorum %d, timeout %.0f..%.0f s (+%.0f s grace), %d attempts",
                  describe(self.rule), self.f, self.quorum, self.deadline_policy.min_s, self.deadline_policy.max_s,
-                 self.grace, self.max_attempts)
-        log.info("\t├──> Sampling: train %.2f | evaluate %.2f", self.fraction_train, self.fraction_evaluate)
+                 self.rounds.grace, self.rounds.max_attempts)
+        log.info("\t├──> Sampling: train %.2f | evaluate %.2f", self.rounds.fraction_train,
+                 self.rounds.fraction_evaluate)
         log.info("\t└──> Checkpoints: %s; release: %s",
-                 ", ".join(map(str, self.checkpoint_dirs)) or "none",
+                 ", ".join(map(str, self.checkpoints.dirs)) or "none",
                  f"{self.release.name} every {self.release.every}" if self.release else "none")
 
     def config_hash(self, layout: Layout, train_config: ConfigRecord | None = None) -> str:
@@ -303,7 +294,7 @@ class RobustStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Sample nodes (seeded, at least the quorum), one Message each with the arrays and config."""
-        if self.fraction_train == 0.0:
+        if self.rounds.fraction_train == 0.0:
             return []
         self.prepare(arrays)
         number = 1 if self._attempt is None or self._attempt.server_round != server_round else (
@@ -317,7 +308,7 @@ class RobustStrategy(Strategy):
         att.selection = dict(sel.last["devices"]) if sel is not None and sel.last is not None and \
             sel.last["round"] == server_round else {}
         nodes = sorted(eligible)
-        k = min(len(nodes), max(math.ceil(self.fraction_train * len(nodes)), self.quorum))
+        k = min(len(nodes), max(math.ceil(self.rounds.fraction_train * len(nodes)), self.quorum))
         rng = np.random.default_rng([self.seed, server_round, number])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         att.sent = {n: eligible[n] for n in picked}
@@ -328,8 +319,8 @@ class RobustStrategy(Strategy):
                            att.connected, att.sent.values())
         # round-timeout: how long this attempt waits, so a site (bridge) answers before the cloud gives up
         cfg = ConfigRecord({**dict(config), "server-round": server_round, "round-timeout": float(self.deadline_s)})
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
-        ttl = message_ttl(self.deadline_s, self.grace)
+        content = RecordDict({self.replies.arrayrecord_key: arrays, self.replies.configrecord_key: cfg})
+        ttl = message_ttl(self.deadline_s, self.rounds.grace)
         return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(server_round),
                         ttl=ttl) for n in picked]
 
@@ -362,8 +353,8 @@ class RobustStrategy(Strategy):
             return views
         count: float | str = 0.0
         for rec in content.metric_records.values():
-            if self.weighted_by_key in rec:
-                count = check_count(rec[self.weighted_by_key], self.max_examples)
+            if self.replies.weighted_by_key in rec:
+                count = check_count(rec[self.replies.weighted_by_key], self.replies.max_examples)
         if isinstance(count, str):
             return count
         device = att.sent[node] if att is not None else self._devices.get(node, f"node-{node}")
@@ -433,8 +424,8 @@ class RobustStrategy(Strategy):
         arrays = ArrayRecord({name: Array(a) for name, a in zip(layout.names, layout.split(new))})
         contents = [good[i][4] for i in res.selected]
         try:
-            extra = (dict(self.train_metrics_aggr_fn(contents, self.weighted_by_key))
-                     if self.train_metrics_aggr_fn else median_metrics(contents, self.weighted_by_key))
+            extra = (dict(self.train_metrics_aggr_fn(contents, self.replies.weighted_by_key))
+                     if self.train_metrics_aggr_fn else median_metrics(contents, self.replies.weighted_by_key))
         except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("train metrics aggregation failed: %s", exc)
             extra = {}
@@ -452,19 +443,19 @@ class RobustStrategy(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        if self.fraction_evaluate == 0.0:
+        if self.rounds.fraction_evaluate == 0.0:
             return []
         devices, _ = self._node_map(grid)
         nodes = sorted(devices)
-        k = min(len(nodes), max(math.ceil(self.fraction_evaluate * len(nodes)), self.min_evaluate_nodes))
+        k = min(len(nodes), max(math.ceil(self.rounds.fraction_evaluate * len(nodes)), self.rounds.min_evaluate_nodes))
         rng = np.random.default_rng([self.seed, server_round, 0xE7A1])
         picked = sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=k, replace=False)) if k else []
         self._eval_sent = {n: devices[n] for n in picked}
         self._eval_t0 = self._clock()
         cfg = ConfigRecord({**dict(config), "server-round": server_round})
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
+        content = RecordDict({self.replies.arrayrecord_key: arrays, self.replies.configrecord_key: cfg})
         return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE, group_id=str(server_round),
-                        ttl=message_ttl(self.deadline_s, self.grace)) for n in picked]
+                        ttl=message_ttl(self.deadline_s, self.rounds.grace)) for n in picked]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Median of the clients' evaluation metrics (robust), plus how many answered."""
@@ -481,8 +472,8 @@ class RobustStrategy(Strategy):
         if not ok:
             return None
         try:
-            out = (dict(self.evaluate_metrics_aggr_fn(ok, self.weighted_by_key))
-                   if self.evaluate_metrics_aggr_fn else median_metrics(ok, self.weighted_by_key))
+            out = (dict(self.evaluate_metrics_aggr_fn(ok, self.replies.weighted_by_key))
+                   if self.evaluate_metrics_aggr_fn else median_metrics(ok, self.replies.weighted_by_key))
         except Exception as exc:  # noqa: BLE001 - the user's aggregation function may raise anything
             log.warning("evaluate metrics aggregation failed: %s", exc)
             out = {}
@@ -522,7 +513,7 @@ class RobustStrategy(Strategy):
             if quorum_at is None and ok >= need:
                 quorum_at = now
             verdict = wait_decision(sent, sent - len(pending), ok, need, now - t0,
-                                    None if quorum_at is None else now - quorum_at, timeout, self.grace)
+                                    None if quorum_at is None else now - quorum_at, timeout, self.rounds.grace)
             if verdict is not Wait.WAIT:
                 break
             time.sleep(POLL_S)
@@ -538,11 +529,11 @@ class RobustStrategy(Strategy):
 
     def _checkpoints(self) -> Checkpoints | None:
         """The checkpoint collaborator of this run (None without ``checkpoint_dirs``)."""
-        if not self.checkpoint_dirs:
+        if not self.checkpoints.dirs:
             return None
-        self.signing_key = signing_identity(self.signing_key, key_path(self.checkpoint_dirs[0], CHECKPOINT_KEY))
-        return Checkpoints(self.checkpoint_dirs, self.signing_key, mode=self.checkpoint_mode,
-                           keep=self.checkpoint_keep, quorum=self.checkpoint_quorum)
+        self.signing_key = signing_identity(self.signing_key, key_path(self.checkpoints.dirs[0], CHECKPOINT_KEY))
+        return Checkpoints(self.checkpoints.dirs, self.signing_key, mode=self.checkpoints.mode,
+                           keep=self.checkpoints.keep, quorum=self.checkpoints.quorum)
 
     def _signer(self) -> Identity:
         """The release signer: the checkpoints' key, or one kept with the keys beside the work directory."""
@@ -600,8 +591,8 @@ class RobustStrategy(Strategy):
             s = None
         if s is not None:
             self.apply_settings(s)
-        if self.work_dir is None and self.checkpoint_dirs:
-            self.work_dir = self.checkpoint_dirs[0]
+        if self.work_dir is None and self.checkpoints.dirs:
+            self.work_dir = self.checkpoints.dirs[0]
         if self.work_dir is None:
             return -1
         return lock_work_dir(self.work_dir)
@@ -650,8 +641,8 @@ class RobustStrategy(Strategy):
                 entry["train"] = dict(train_metrics)
             eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(dict(evaluate_config)), grid))
             if eval_msgs:
-                agg_eval = self.aggregate_evaluate(rnd, self._collect(grid, eval_msgs, self.min_evaluate_nodes, wait,
-                                                                      self._eval_t0))
+                agg_eval = self.aggregate_evaluate(rnd, self._collect(
+                    grid, eval_msgs, self.rounds.min_evaluate_nodes, wait, self._eval_t0))
                 if agg_eval is not None:
                     result.evaluate_metrics_clientapp[rnd] = agg_eval
                     entry["evaluate"] = dict(agg_eval)
@@ -710,12 +701,12 @@ class RobustStrategy(Strategy):
         too_few = 0  # attempts that could not even reach the quorum's number of clients
         starved = 0  # attempts whose replies did not reach the quorum by the deadline
         q = self.quorum
-        for number in range(1, self.max_attempts + 1):
+        for number in range(1, self.rounds.max_attempts + 1):
             self.deadline_s = min(round_deadline(self.deadline_policy, self._reply_s, starved), cap)
-            self._status = {"quorum": q, "deadline_s": round(self.deadline_s, 1), "grace_s": self.grace,
+            self._status = {"quorum": q, "deadline_s": round(self.deadline_s, 1), "grace_s": self.rounds.grace,
                             "retries": len(retried),
-                            "max_attempts": self.max_attempts, **({"retried": retried[-1]} if retried else {})}
-            need = max(q, self.min_available_nodes)
+                            "max_attempts": self.rounds.max_attempts, **({"retried": retried[-1]} if retried else {})}
+            need = max(q, self.rounds.min_available_nodes)
             self._progress(rnd, number, f"round {rnd} attempt {number}: waiting for {need} nodes to connect")
             have = self._wait_nodes(grid, need, self.deadline_s)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(dict(train_config)), grid))
@@ -757,21 +748,21 @@ class RobustStrategy(Strategy):
                 else:
                     why = att.failure
             failures.append(why)
-            if number < self.max_attempts:
+            if number < self.rounds.max_attempts:
                 retried.append(why)
                 self._status.update(retries=len(retried), retried=why)
                 log.warning("round %d retried: %s", rnd, why)
             else:
                 log.warning("round %d attempt %d failed: %s", rnd, number, why)
             self._progress(rnd, number, f"round {rnd} attempt {number}: {why}"
-                           f"{'; retrying' if number < self.max_attempts else ''}", connected, att.sent.values())
+                           f"{'; retrying' if number < self.rounds.max_attempts else ''}", connected, att.sent.values())
         if retried:
             entry["retried"] = retried
         last = failures[-1] if failures else "no attempt"
         if fatal:
-            if too_few == self.max_attempts:  # never enough clients for this rule and f: the configuration
+            if too_few == self.rounds.max_attempts:  # never enough clients for this rule and f: the configuration
                 raise self._fail(f"round {rnd}: {last}; lower f, use another rule or add clients")
-            raise self._fail(f"round {rnd} failed {self.max_attempts} attempts, last: {last}; the model is "
+            raise self._fail(f"round {rnd} failed {self.rounds.max_attempts} attempts, last: {last}; the model is "
                              f"unchanged since round {rnd - 1} and nothing was released")
         entry["skipped"] = last
         log.error("round %d skipped, the model is unchanged: %s", rnd, entry["skipped"])

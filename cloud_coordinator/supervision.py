@@ -21,13 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-__all__ = ["ACTIVE", "Action", "Component", "Event", "Health", "Limits", "Phase", "State", "TABLE", "diagnose",
+__all__ = ["ACTIVE", "Action", "Component", "Event", "Health", "Limits", "RunPhase", "State", "TABLE", "diagnose",
            "flower_event", "step", "watchdog_bound"]
 
 ACTIVE = frozenset({"pending", "starting", "running"})  # Flower's run statuses before "finished:<why>"
 
 
-class Phase(StrEnum):
+class RunPhase(StrEnum):
     IDLE = "idle"            # no run of ours is live: the next action submits one
     LIVE = "live"            # Flower has our run; its log stream is followed
     CHECKING = "checking"    # the log stream ended: asking Flower whether the run did
@@ -73,7 +73,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class State:
-    phase: Phase = Phase.IDLE
+    phase: RunPhase = RunPhase.IDLE
     run_id: int | None = None
     restarts: int = 0
     quick: int = 0
@@ -83,22 +83,22 @@ class State:
 
 _ANY = "*"
 # (phase, event) -> (next phase, actions, counts as a restart). Terminal phases ignore everything.
-TABLE: dict[tuple[Phase | str, Event], tuple[Phase | None, tuple[Action, ...], bool]] = {
-    (Phase.IDLE, Event.START): (Phase.IDLE, (Action.ENSURE_SUPERLINK, Action.STOP_STALE, Action.SUBMIT), False),
-    (Phase.IDLE, Event.SUBMITTED): (Phase.LIVE, (), False),
-    (Phase.IDLE, Event.SUBMIT_FAILED): (Phase.IDLE, (Action.ENSURE_SUPERLINK, Action.SUBMIT), True),
-    (Phase.LIVE, Event.STREAM_ENDED): (Phase.CHECKING, (Action.QUERY,), False),
-    (Phase.LIVE, Event.ACTIVE): (Phase.LIVE, (), False),
-    (Phase.LIVE, Event.UNKNOWN): (Phase.LIVE, (), False),
-    (Phase.LIVE, Event.FINISHED): (Phase.SETTLING, (), False),
-    (Phase.CHECKING, Event.ACTIVE): (Phase.LIVE, (Action.FOLLOW,), False),
-    (Phase.CHECKING, Event.UNKNOWN): (Phase.CHECKING, (Action.QUERY,), False),
-    (Phase.CHECKING, Event.FINISHED): (Phase.SETTLING, (), False),
-    (Phase.SETTLING, Event.SETTLED): (Phase.IDLE, (Action.ENSURE_SUPERLINK, Action.SUBMIT), True),
-    (_ANY, Event.SUPERLINK_DEAD): (Phase.IDLE, (Action.ENSURE_SUPERLINK, Action.STOP_STALE, Action.SUBMIT), True),
-    (_ANY, Event.REPORT_DONE): (Phase.DONE, (Action.FINISH,), False),
-    (_ANY, Event.FATAL): (Phase.FAILED, (Action.FAIL,), False),
-    (_ANY, Event.TIMEOUT): (Phase.FAILED, (Action.FAIL,), False),
+TABLE: dict[tuple[RunPhase | str, Event], tuple[RunPhase | None, tuple[Action, ...], bool]] = {
+    (RunPhase.IDLE, Event.START): (RunPhase.IDLE, (Action.ENSURE_SUPERLINK, Action.STOP_STALE, Action.SUBMIT), False),
+    (RunPhase.IDLE, Event.SUBMITTED): (RunPhase.LIVE, (), False),
+    (RunPhase.IDLE, Event.SUBMIT_FAILED): (RunPhase.IDLE, (Action.ENSURE_SUPERLINK, Action.SUBMIT), True),
+    (RunPhase.LIVE, Event.STREAM_ENDED): (RunPhase.CHECKING, (Action.QUERY,), False),
+    (RunPhase.LIVE, Event.ACTIVE): (RunPhase.LIVE, (), False),
+    (RunPhase.LIVE, Event.UNKNOWN): (RunPhase.LIVE, (), False),
+    (RunPhase.LIVE, Event.FINISHED): (RunPhase.SETTLING, (), False),
+    (RunPhase.CHECKING, Event.ACTIVE): (RunPhase.LIVE, (Action.FOLLOW,), False),
+    (RunPhase.CHECKING, Event.UNKNOWN): (RunPhase.CHECKING, (Action.QUERY,), False),
+    (RunPhase.CHECKING, Event.FINISHED): (RunPhase.SETTLING, (), False),
+    (RunPhase.SETTLING, Event.SETTLED): (RunPhase.IDLE, (Action.ENSURE_SUPERLINK, Action.SUBMIT), True),
+    (_ANY, Event.SUPERLINK_DEAD): (RunPhase.IDLE, (Action.ENSURE_SUPERLINK, Action.STOP_STALE, Action.SUBMIT), True),
+    (_ANY, Event.REPORT_DONE): (RunPhase.DONE, (Action.FINISH,), False),
+    (_ANY, Event.FATAL): (RunPhase.FAILED, (Action.FAIL,), False),
+    (_ANY, Event.TIMEOUT): (RunPhase.FAILED, (Action.FAIL,), False),
 }
 
 
@@ -142,18 +142,18 @@ def diagnose(silent_s: float, bound_s: float, h: Health) -> tuple[Component, str
 
 def _stalled(state: State, limits: Limits, component: Component | None, restartable: bool,
              reason: str) -> tuple[State, tuple[Action, ...]]:
-    if state.phase not in (Phase.LIVE, Phase.CHECKING):
+    if state.phase not in (RunPhase.LIVE, RunPhase.CHECKING):
         return state, ()
-    new = replace(state, phase=Phase.IDLE, run_id=None, stalls=state.stalls + 1, restarts=state.restarts + 1,
+    new = replace(state, phase=RunPhase.IDLE, run_id=None, stalls=state.stalls + 1, restarts=state.restarts + 1,
                   reason=reason)
     if component in (Component.SUPERLINK, Component.SUPEREXEC) and not restartable:
-        return replace(new, phase=Phase.FAILED, reason=f"{reason}; the SuperLink is not ours to restart"), \
+        return replace(new, phase=RunPhase.FAILED, reason=f"{reason}; the SuperLink is not ours to restart"), \
             (Action.FAIL,)
     if new.restarts > limits.max_restarts:
-        return replace(new, phase=Phase.FAILED, reason=f"{reason}; gave up after {limits.max_restarts} restarts"), \
+        return replace(new, phase=RunPhase.FAILED, reason=f"{reason}; gave up after {limits.max_restarts} restarts"), \
             (Action.FAIL,)
     if new.stalls > limits.max_stalls:
-        return replace(new, phase=Phase.FAILED, reason=f"{reason}; gave up after {limits.max_stalls} watchdog "
+        return replace(new, phase=RunPhase.FAILED, reason=f"{reason}; gave up after {limits.max_stalls} watchdog "
                                                         "restarts"), (Action.FAIL,)
     if component is Component.SERVERAPP:
         return new, (Action.STOP_RUN, Action.ENSURE_SUPERLINK, Action.SUBMIT)
@@ -179,7 +179,7 @@ def step(state: State, event: Event, limits: Limits = Limits(), *, run_id: int |
     ``STALLED`` (the watchdog): ``component`` is what ``diagnose`` found down, ``restartable`` whether the
     SuperLink is ours; the run is stopped before the next submit, so a stall never makes a second live run.
     """
-    if state.phase in (Phase.DONE, Phase.FAILED):
+    if state.phase in (RunPhase.DONE, RunPhase.FAILED):
         return state, ()
     if event is Event.STALLED:
         return _stalled(state, limits, component, restartable, reason)
@@ -197,8 +197,8 @@ def step(state: State, event: Event, limits: Limits = Limits(), *, run_id: int |
     if restart:
         new = replace(new, restarts=state.restarts + 1)
         if new.quick >= limits.quick_failures:
-            return replace(new, phase=Phase.FAILED, reason=f"flwr run keeps failing: {new.reason}"), (Action.FAIL,)
+            return replace(new, phase=RunPhase.FAILED, reason=f"flwr run keeps failing: {new.reason}"), (Action.FAIL,)
         if new.restarts > limits.max_restarts:
-            return replace(new, phase=Phase.FAILED, reason=f"gave up after {limits.max_restarts} restarts"), \
+            return replace(new, phase=RunPhase.FAILED, reason=f"gave up after {limits.max_restarts} restarts"), \
                 (Action.FAIL,)
     return new, actions

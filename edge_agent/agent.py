@@ -76,7 +76,7 @@ from .lane import DataLane, lane_budget
 from .readings import Capabilities, Reading
 from .stats import LinkEstimator
 
-__all__ = ["AgentConfig", "Agent", "Probe", "Phase", "KEY_FILE", "load_identity"]
+__all__ = ["AgentConfig", "Agent", "Probe", "AgentPhase", "KEY_FILE", "load_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Probe(Protocol):
     def read(self, now: float, busy_s: float = 0.0) -> Reading: ...
 
 
-class Phase(enum.Enum):
+class AgentPhase(enum.Enum):
     CONNECTING = "connecting"
     WAIT_FOG = "waiting for fog"
     ONLINE = "online"
@@ -207,7 +207,7 @@ class Agent:
         if hasattr(probe, "reserved"):
             probe.reserved = self.executor.reserved_memory  # simulated memory accounting
         self.advertiser = Advertiser(cfg.device_id, AdvertPolicy(cfg.state_interval_s))
-        self.phase = Phase.CONNECTING
+        self.phase = AgentPhase.CONNECTING
         self.epoch = self._bump_epoch()
         self._next_epoch: int | None = None
         self._connections = 0
@@ -266,16 +266,16 @@ class Agent:
         self.client.stop(disconnect=not crash)
         self.lane.close()
         self.executor.stop()
-        self.phase = Phase.STOPPED
+        self.phase = AgentPhase.STOPPED
         self._write_status(force=True)
 
     def wait_online(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.phase is Phase.ONLINE:
+            if self.phase is AgentPhase.ONLINE:
                 return True
             time.sleep(0.01)
-        return self.phase is Phase.ONLINE
+        return self.phase is AgentPhase.ONLINE
 
     # ------------------------------------------------------------ persisted state
 
@@ -321,7 +321,7 @@ class Agent:
         next_probe = time.monotonic()
         while True:
             now = time.monotonic()
-            wake = min(next_probe, self.advertiser.next_due(now)) if self.phase is Phase.ONLINE else next_probe
+            wake = min(next_probe, self.advertiser.next_due(now)) if self.phase is AgentPhase.ONLINE else next_probe
             try:
                 kind, value = self._inbox.get(timeout=max(0.0, wake - now))
             except queue.Empty:
@@ -348,7 +348,7 @@ class Agent:
         Right after enrolment the broker may not know our ACL entry yet and hides the retained
         STATE from our first subscription; later (non-retained) traffic would never repeat it.
         """
-        if self.phase is not Phase.WAIT_FOG or not self.client.connected:
+        if self.phase is not AgentPhase.WAIT_FOG or not self.client.connected:
             return
         if now - self._wait_fog_since >= self._wait_fog_retry:
             self._wait_fog_since = now
@@ -365,7 +365,7 @@ class Agent:
         self._next_epoch = self._bump_epoch()
         self._next_signer, self._next_death = self._sealed_death(self._next_epoch)
         self.client.set_will(self._will(self._next_death))
-        self.phase = Phase.WAIT_FOG
+        self.phase = AgentPhase.WAIT_FOG
         self._wait_fog_since, self._wait_fog_retry = time.monotonic(), 2.0
         log.info("%s: connected (epoch %d); waiting for the fog STATE", self.device_id, self.epoch)
 
@@ -374,7 +374,7 @@ class Agent:
         if m.topic == t.fog_state():
             self._on_fog_state(m, now)
         elif m.topic == t.time():
-            if self.gate.time_hint(m.payload) and self.phase is Phase.ONLINE:
+            if self.gate.time_hint(m.payload) and self.phase is AgentPhase.ONLINE:
                 self._birth(now)  # a birth sealed with the wrong clock may have been refused
         elif m.topic == t.rebirth() or m.topic == t.device(self.device_id, CMD):
             msg = self.gate.open_command(m.payload)
@@ -399,9 +399,9 @@ class Agent:
             if fs.epoch != seen:  # an old run's Will (or a replay of it) cannot park the device
                 self._count("stale fog state")
                 return
-            if self.phase is Phase.ONLINE:
+            if self.phase is AgentPhase.ONLINE:
                 log.info("%s: fog %s went offline", self.device_id, fs.fog_id)
-                self.phase = Phase.WAIT_FOG
+                self.phase = AgentPhase.WAIT_FOG
             return
         if seen is not None and fs.epoch < seen:
             self._count("stale fog state")
@@ -422,7 +422,7 @@ class Agent:
                             fs.fog_id)
         if offer != self._fog_session:
             self._fog_session, self._state_key = offer, None
-        if self.phase is not Phase.ONLINE or fs.epoch != self.fog_epoch:
+        if self.phase is not AgentPhase.ONLINE or fs.epoch != self.fog_epoch:
             self.fog_epoch = fs.epoch
             self._birth(now)
 
@@ -430,7 +430,7 @@ class Agent:
         if isinstance(msg, Rebirth):
             if msg.device_id in ("", self.device_id):
                 self._count("rebirth")
-                if self.phase is Phase.ONLINE:  # while the fog is offline, its return triggers the birth
+                if self.phase is AgentPhase.ONLINE:  # while the fog is offline, its return triggers the birth
                     self._birth(now)
             return
         if broadcast:
@@ -519,14 +519,14 @@ class Agent:
         self._publish_signed(BIRTH, birth)
         self._state_key = key
         self.births += 1
-        self.phase = Phase.ONLINE
+        self.phase = AgentPhase.ONLINE
         self.advertiser.reset()
         log.info("%s: birth published (epoch %d, fog %s)", self.device_id, self.epoch, self.fog_id)
         self._observe(now)
 
     def _observe(self, now: float) -> None:
         reading = self.probe.read(now, self.executor.busy_s)
-        if self.phase is Phase.ONLINE:
+        if self.phase is AgentPhase.ONLINE:
             snap = Snapshot(reading, self.executor.statuses(), self.link.uplink_bps, self.link.rtt_s)
             reason = self.advertiser.tick(snap, now)
             if reason is not None:

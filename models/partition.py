@@ -39,7 +39,7 @@ from models.graph import (
 from models.profile import ModelProfile, profile_model
 
 if TYPE_CHECKING:  # runtime.verify is optional at import time
-    from runtime.verify import ArtifactSignature, Identity
+    from runtime.verify import ArtifactSignature, KeyPair
 
 __all__ = ["PartitionArtifact", "Partitioner", "split", "split_by_segments", "split_into"]
 
@@ -230,7 +230,7 @@ class Partitioner:
 
     def extract(self, index: int, start: int, end: int, *,
                 segments: tuple[int, int] | None = None,
-                signer: Identity | None = None) -> PartitionArtifact:
+                signer: KeyPair | None = None) -> PartitionArtifact:
         """The partition running nodes ``[start, end)``; its I/O are the cuts around it."""
         ga, n = self.ga, len(self.ga.nodes)
         if not 0 <= start < end <= n:
@@ -266,7 +266,7 @@ class Partitioner:
         )
 
     def iter_split(self, cuts: Sequence[int | Cut | Iterable[str]], *,
-                   signer: Identity | None = None) -> Iterator[PartitionArtifact]:
+                   signer: KeyPair | None = None) -> Iterator[PartitionArtifact]:
         """Partitions between consecutive cuts, one at a time: a caller that writes each and
         drops it holds one partition's weights at once (the point for a large model)."""
         points = [c.index for c in resolve_cuts(self.ga, cuts)]
@@ -275,7 +275,7 @@ class Partitioner:
             yield self.extract(i, a, b, signer=signer)
 
     def split(self, cuts: Sequence[int | Cut | Iterable[str]], *,
-              signer: Identity | None = None) -> list[PartitionArtifact]:
+              signer: KeyPair | None = None) -> list[PartitionArtifact]:
         return list(self.iter_split(cuts, signer=signer))
 
     def cuts_into(self, k: int, *, strategy: Literal["cheapest", "balanced"] = "balanced"
@@ -294,19 +294,19 @@ class Partitioner:
         return cuts
 
     def split_into(self, k: int, *, strategy: Literal["cheapest", "balanced"] = "balanced",
-                   signer: Identity | None = None) -> list[PartitionArtifact]:
+                   signer: KeyPair | None = None) -> list[PartitionArtifact]:
         """Exactly ``k`` partitions at the chain profile's cuts, or a one-line ModelError."""
         return self.split(self.cuts_into(k, strategy=strategy), signer=signer)
 
 
 def split_into(src: ModelSource, k: int, *, strategy: Literal["cheapest", "balanced"] = "balanced",
-               signer: Identity | None = None) -> list[PartitionArtifact]:
+               signer: KeyPair | None = None) -> list[PartitionArtifact]:
     """Exactly ``k`` partitions (cuts as the scheduler's chain profile would keep them)."""
     return Partitioner(src).split_into(k, strategy=strategy, signer=signer)
 
 
 def split(src: ModelSource, cuts: Sequence[int | Cut | Iterable[str]], *,
-          signer: Identity | None = None) -> list[PartitionArtifact]:
+          signer: KeyPair | None = None) -> list[PartitionArtifact]:
     """Partitions between consecutive cuts (positions, Cuts or tensor-name sets)."""
     return Partitioner(src).split(cuts, signer=signer)
 
@@ -333,7 +333,7 @@ def _as_chain(p: Partitioner, chain: ChainProfile | Mapping[str, Any]) -> ChainP
 
 def split_by_segments(src: ModelSource, chain: ChainProfile | Mapping[str, Any],
                       ranges: Sequence[tuple[int, int]], *,
-                      signer: Identity | None = None) -> list[PartitionArtifact]:
+                      signer: KeyPair | None = None) -> list[PartitionArtifact]:
     """Partitions for inclusive segment ranges ``[a, b]`` of a chain profile, in order.
 
     Ranges must be increasing and disjoint; they need not cover the whole chain,

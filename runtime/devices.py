@@ -3,9 +3,10 @@
 ``DeviceResources`` is declared once here and is the base of every other view of a device: the
 agent's probe result (``edge_agent.readings.Capabilities``), the wire birth
 (``runtime.messages.DeviceBirth``, whose fields stay flat on the wire), the simulated device
-models (``edge_agent.profiles.DeviceProfile``); the scheduler's ``Device`` is converted from it in
-one function (``fog_broker.placement.model.Device.from_resources``). A new device figure is one
-field (with a default, so older peers still decode) and one ``RESOURCE_RANGES`` entry here.
+models (``edge_agent.profiles.DeviceProfile``) and the scheduler's ``Device``
+(``fog_broker.placement.model``, which adds only what the fog knows now: id, battery level,
+liveness, flags). A new device figure is one field (with a default, so older peers still
+decode) and one ``RESOURCE_RANGES`` entry here.
 
 Every figure is finite and inside its documented range: a record that is not raises
 ``OutOfRange`` at construction, naming the field and the value, so a bad advert is refused where

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from . import codec
 from .errors import DecodeError, SecurityError
 from .messages import Activation, InferenceResult, Relay, RouteTicket, Tensors
-from .verify import Identity, Signer
+from .verify import KeyPair, Signer
 
 __all__ = ["RelayError", "Sealer", "issue_ticket", "issue", "seal", "open_relay", "ticket_of"]
 
@@ -55,13 +55,13 @@ def _relay_bytes(hop: int, sender: str, ticket: bytes, ticket_sig: bytes, tensor
                      ticket_sig, _LEN.pack(len(tensors)), hashlib.sha256(tensors).digest()))
 
 
-def issue_ticket(fog: Identity, ticket: RouteTicket) -> tuple[bytes, bytes]:
+def issue_ticket(fog: KeyPair, ticket: RouteTicket) -> tuple[bytes, bytes]:
     """Encode and sign a route ticket: (ticket bytes, fog signature)."""
     raw = codec.encode(ticket)
     return raw, fog.sign(_TICKET_DOMAIN + raw)
 
 
-def issue(fog: Identity, ticket: RouteTicket, act: Activation) -> bytes:
+def issue(fog: KeyPair, ticket: RouteTicket, act: Activation) -> bytes:
     """Hop 0's frame for ``act`` under ``ticket``, with one signature: the ticket names the SHA-256 of
     the encoded tensors, so its signature vouches for both (half the Ed25519 work of a ticket plus
     a sealed frame, at the fog and at hop 0)."""
@@ -70,7 +70,7 @@ def issue(fog: Identity, ticket: RouteTicket, act: Activation) -> bytes:
     return codec.encode(Relay(0, fog.name, raw, sig, tensors, b""))
 
 
-def seal(sender: Identity, act: Activation) -> bytes:
+def seal(sender: KeyPair, act: Activation) -> bytes:
     """The wire frame carrying ``act`` to hop ``act.hop``, signed by ``sender``."""
     tensors = codec.encode(Tensors(act.tensors))
     sig = sender.sign(_relay_bytes(act.hop, sender.name, act.ticket, act.ticket_sig, tensors))
@@ -155,7 +155,7 @@ class Sealer:
     serialises its calls; ``relay`` keeps no state.
     """
 
-    def __init__(self, identity: Identity) -> None:
+    def __init__(self, identity: KeyPair) -> None:
         self.identity = identity
         self._signer = Signer(identity, 0)  # results are checked by signature and route, not by window
 

@@ -2,8 +2,9 @@
 
 ``runtime.verify`` holds the logic (signatures, envelopes, replay windows, session MACs, artifact
 signatures) and is pure; this module adds what touches files, the log or entropy, and re-exports
-the pure names so callers import one module. Identity, TrustStore and Verifier here are the pure
-classes plus their persistence: a key file (mode 0600), a JSON trust store, and the replay state
+the pure names so callers import one module. ``Identity`` (``verify.KeyPair``), ``TrustStore``
+and ``Verifier`` (``verify.EnvelopeVerifier``) here are the pure classes plus their persistence:
+a key file (mode 0600), a JSON trust store, and the replay state
 file (``state_path``) that keeps replay protection across restarts.
 """
 from __future__ import annotations
@@ -59,8 +60,8 @@ log = logging.getLogger(__name__)
 _I = TypeVar("_I", bound="Identity")
 
 
-class Identity(verify.Identity):
-    """A named Ed25519 key pair, with its key file and fresh keys (signing is ``verify.Identity``)."""
+class Identity(verify.KeyPair):
+    """A named Ed25519 key pair, with its key file and fresh keys (signing is ``verify.KeyPair``)."""
 
     __slots__ = ()
 
@@ -154,8 +155,8 @@ def _load_marks(path: Path) -> dict[str, tuple[int, int]]:
             f"this process has been down longer than that window") from None
 
 
-class Verifier(verify.Verifier):
-    """``verify.Verifier`` whose replay marks, with ``state_path``, survive restarts.
+class Verifier(verify.EnvelopeVerifier):
+    """``verify.EnvelopeVerifier`` whose replay marks, with ``state_path``, survive restarts.
 
     Each sender's (epoch, highest seq) is loaded here and rewritten (tmp file, fsync,
     ``os.replace``) whenever it advances, so after a restart every seq at or below the

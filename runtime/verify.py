@@ -35,7 +35,7 @@ from .errors import DecodeError, LocalViolation, OutOfRange, RemoteViolation, Se
 from .messages import Envelope, Message
 
 __all__ = [
-    "Identity", "fingerprint", "Signer", "TrustStore", "Verifier", "REASONS",
+    "KeyPair", "fingerprint", "Signer", "TrustStore", "EnvelopeVerifier", "REASONS",
     "ArtifactSignature", "sign_artifact", "verify_artifact", "sha256_hex", "SecurityError",
     "derive_session_key", "mac_tag", "sign_session_offer", "verify_session_offer",
     "MAC_LEN", "MAC_KINDS", "NO_SESSION",
@@ -56,7 +56,7 @@ STALE_EPOCH = "stale epoch"
 REPLAYED = "replayed"
 OUTSIDE_WINDOW = "timestamp outside window"
 REASONS = (OVERSIZED, MALFORMED, UNKNOWN_SENDER, BAD_SIGNATURE, STALE_EPOCH, REPLAYED, OUTSIDE_WINDOW)
-NO_SESSION = "no session"  # only from a Verifier(sessions=True): a MAC without a session key
+NO_SESSION = "no session"  # only from an EnvelopeVerifier(sessions=True): a MAC without a session key
 
 # Session MACs (see docs/protocol.md, Trust): an envelope whose ``signature`` is MAC_LEN bytes
 # carries an HMAC-SHA256 tag under the (sender, epoch) session key instead of an Ed25519
@@ -65,7 +65,7 @@ NO_SESSION = "no session"  # only from a Verifier(sessions=True): a MAC without 
 MAC_LEN = 32
 MAC_KINDS = frozenset({"dev.state"})
 
-_I = TypeVar("_I", bound="Identity")
+_I = TypeVar("_I", bound="KeyPair")
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
@@ -78,7 +78,7 @@ def fingerprint(public_key: bytes) -> str:
     return ":".join(digest[i:i + 4] for i in range(0, 32, 4))
 
 
-class Identity:
+class KeyPair:
     """A named Ed25519 key pair (``runtime.security.Identity`` adds key files and fresh keys)."""
 
     __slots__ = ("_key", "name", "public_key_bytes")
@@ -123,7 +123,7 @@ class Signer:
 
     __slots__ = ("epoch", "identity", "seq")
 
-    def __init__(self, identity: Identity, epoch: int, seq: int = 0) -> None:
+    def __init__(self, identity: KeyPair, epoch: int, seq: int = 0) -> None:
         self.identity = identity
         self.epoch = epoch
         self.seq = seq
@@ -201,7 +201,7 @@ class _Window:
     bitmap: int  # bit i set: seq (top - i) was seen
 
 
-class Verifier:
+class EnvelopeVerifier:
     """Checks envelopes: size, sender, signature, (epoch, seq) freshness, timestamp window.
 
     Replay protection is an IPsec-style sliding window per sender: a newer epoch
@@ -375,7 +375,7 @@ def _offer_bytes(fog_id: str, site: str, epoch: int, session_pub: bytes) -> byte
     return _signed_bytes(_OFFER_DOMAIN, fog_id, site, epoch, session_pub)
 
 
-def sign_session_offer(identity: Identity, site: str, epoch: int, session_pub: bytes) -> bytes:
+def sign_session_offer(identity: KeyPair, site: str, epoch: int, session_pub: bytes) -> bytes:
     """The fog's signature over its per-run X25519 key (published in the retained ``FogState``)."""
     return identity.sign(_offer_bytes(identity.name, site, epoch, session_pub))
 
@@ -445,7 +445,7 @@ def _artifact_bytes(sha: str, signer: str, metadata: Mapping[str, Any]) -> bytes
     return _signed_bytes(_ART_DOMAIN, sha, signer, _canonical_meta(metadata))
 
 
-def sign_artifact(identity: Identity, data: bytes | memoryview,
+def sign_artifact(identity: KeyPair, data: bytes | memoryview,
                   metadata: Mapping[str, Any] | None = None) -> ArtifactSignature:
     meta = dict(metadata or {})
     sha = sha256_hex(data)

@@ -11,12 +11,12 @@ import random
 from dataclasses import dataclass, replace
 
 __all__ = [
-    "Battery", "drain", "FailureModel", "next_failure", "Fault", "fault_schedule",
+    "SimBattery", "drain", "FailureModel", "next_failure", "Fault", "fault_schedule",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class Battery:
+class SimBattery:
     """A battery's state: ``level`` in [0, 1]; ``charge_w`` > 0 while on a charger/solar."""
 
     capacity_wh: float
@@ -32,7 +32,7 @@ class Battery:
         return self.level <= 0.0
 
 
-def drain(battery: Battery, power_w: float, dt_s: float) -> Battery:
+def drain(battery: SimBattery, power_w: float, dt_s: float) -> SimBattery:
     """Battery after ``dt_s`` seconds drawing ``power_w`` (net of any charging), clamped to [0, 1]."""
     if battery.capacity_wh <= 0:
         return battery
@@ -41,7 +41,7 @@ def drain(battery: Battery, power_w: float, dt_s: float) -> Battery:
     return replace(battery, level=level)
 
 
-def time_to_empty(battery: Battery, power_w: float) -> float:
+def time_to_empty(battery: SimBattery, power_w: float) -> float:
     """Seconds until the battery is empty at a constant draw (inf when not draining)."""
     net_w = power_w - battery.charge_w
     if net_w <= 0 or battery.capacity_wh <= 0:

@@ -21,7 +21,7 @@ from fog_broker.placement import Workload, schedule
 from fog_broker.site_core import Ack, Advert, SetWorkload, SiteCore, SiteCoreConfig
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionStatus
 
-from .churn import Battery, FailureModel, drain, next_failure
+from .churn import FailureModel, SimBattery, drain, next_failure
 from .profiles import PROFILES, DeviceProfile
 from .scenario import Scenario
 
@@ -37,7 +37,7 @@ class SimDevice:
     labels: dict[str, str]
     alive: bool = True
     epoch: int = 0
-    battery: Battery | None = None
+    battery: SimBattery | None = None
     partitions: dict[tuple[str, int, int, int], PartitionStatus] = field(default_factory=dict)
     state: DeviceState | None = None  # cached until something changes (adverts are hot)
     seq: int = 0
@@ -131,7 +131,7 @@ def make_fleet(n: int, rng: random.Random, mix: dict[str, float] | None = None,
         prof = PROFILES[rng.choices(names, weights)[0]]
         labels = {**prof.labels, "power-domain": f"pd-{i % power_domains}", "zone": f"z-{i % zones}",
                   "site": "sim"}
-        battery = Battery(prof.battery_capacity_wh, prof.battery_level) if prof.battery_capacity_wh else None
+        battery = SimBattery(prof.battery_capacity_wh, prof.battery_level) if prof.battery_capacity_wh else None
         out.append(SimDevice(f"dev-{i:05d}", prof, labels, battery=battery))
     return out
 
@@ -434,7 +434,7 @@ class FleetSim:
         dev.epoch += 1
         dev.state = None
         if dev.battery is not None and dev.battery.dead:
-            dev.battery = Battery(dev.battery.capacity_wh, 0.5, dev.battery.charge_w)
+            dev.battery = SimBattery(dev.battery.capacity_wh, 0.5, dev.battery.charge_w)
         self._dirty = True
         self._apply(self.core.handle(Advert(dev.birth()), now), now)
         if self.config.failure is not None:

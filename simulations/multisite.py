@@ -54,7 +54,7 @@ from .des import SimResult
 from .multisite_result import MultiSiteResult, SiteReport
 from .scenario import Scenario, ScenarioError
 from .sim_site import SimSite, build_site, release_sha
-from .sites_config import MultiSiteConfig, ReleasePlan, SiteEvent, parse_sites, site_names
+from .sites_config import MultiSiteConfig, ReleasePlan, ScenarioEvent, parse_sites, site_names
 
 __all__ = [
     "MultiSiteResult",
@@ -173,7 +173,7 @@ class MultiSiteSim:
         s.link.send(s.summary(t))
         self._push(t + self.config.summary_interval_s, "summary", name)
 
-    def _on_event(self, t: float, ev: SiteEvent) -> None:
+    def _on_event(self, t: float, ev: ScenarioEvent) -> None:
         for name in ev.sites:
             s = self._site(name, t)
             repairs = s.sim.controller.counters["repairs"]

@@ -15,7 +15,7 @@ from runtime.errors import LocalViolation
 
 from .scenario import ScenarioError
 
-__all__ = ["CHECKS", "EVENT_KINDS", "MultiSiteConfig", "ReleasePlan", "SiteEvent", "parse_sites", "site_names"]
+__all__ = ["CHECKS", "EVENT_KINDS", "MultiSiteConfig", "ReleasePlan", "ScenarioEvent", "parse_sites", "site_names"]
 
 EVENT_KINDS = ("cut", "restore", "crash")
 #: How the canary's held-out batch comes out: ``pass``, or the check it fails.
@@ -27,7 +27,7 @@ def site_names(count: int) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class SiteEvent:
+class ScenarioEvent:
     """At ``at_s``: cut or restore the WAN link of ``sites``, or crash ``fraction`` of their devices at once."""
 
     at_s: float
@@ -57,7 +57,7 @@ class MultiSiteConfig:
     wan_latency_s: float = 0.05        # one way, coordinator <-> fog
     probe_s: float = 2.0               # the held-out batch through the canary
     max_queued: int = 10_000           # summaries a cut site keeps (the oldest go first)
-    events: tuple[SiteEvent, ...] = ()
+    events: tuple[ScenarioEvent, ...] = ()
     release: ReleasePlan | None = None
     policy: RolloutPolicy = field(default_factory=RolloutPolicy)
 
@@ -85,7 +85,7 @@ def _known(d: Mapping[str, Any], keys: set[str], where: str) -> None:
         raise ScenarioError(f"{where}{extra[0]}: unknown key (known: {', '.join(sorted(keys))})")
 
 
-def _event(i: int, e: Any, names: set[str]) -> SiteEvent:
+def _event(i: int, e: Any, names: set[str]) -> ScenarioEvent:
     where = f"sites.events[{i}]."
     if not isinstance(e, Mapping):
         raise ScenarioError(f"sites.events[{i}]: expected a table")
@@ -102,7 +102,7 @@ def _event(i: int, e: Any, names: set[str]) -> SiteEvent:
     fraction = _num(e, "fraction", 0.1, where)
     if fraction > 1:
         raise ScenarioError(f"{where}fraction: must be <= 1")
-    return SiteEvent(_num(e, "at_s", 0.0, where, positive=False), kind, tuple(raw), fraction)
+    return ScenarioEvent(_num(e, "at_s", 0.0, where, positive=False), kind, tuple(raw), fraction)
 
 
 def parse_sites(d: Mapping[str, Any]) -> MultiSiteConfig:

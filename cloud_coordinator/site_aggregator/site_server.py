@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from cloud_coordinator.layout import MAX_EXAMPLES, check_count
 from cloud_coordinator.settings import settings_for
-from cloud_coordinator.strategy import RobustStrategy
+from cloud_coordinator.strategy import CheckpointConfig, RobustStrategy, RoundConfig
 
 from .spool import Outcome, Spool
 
@@ -42,7 +42,7 @@ def serve(grid: Grid, strategy: RobustStrategy, spool: Spool, *, max_jobs: int |
             time.sleep(IDLE_POLL_S)
             continue
         t0 = time.monotonic()
-        wait = min(strategy.round_timeout, job.deadline - time.time() - MARGIN_S)
+        wait = min(strategy.rounds.round_timeout, job.deadline - time.time() - MARGIN_S)
         arrays = ArrayRecord({n: Array(a) for n, a in zip(job.names, job.arrays)})
         try:
             new, metrics, entry = strategy.train_round(grid, job.server_round, arrays,
@@ -69,9 +69,10 @@ def main(grid: Grid, context: Context) -> None:
     settings = settings_for(context.run_config) or settings_for(getattr(grid.run, "override_config", None))
     if settings is None:
         raise SystemExit("the site server runs under fogline site-aggregator (no fogline-settings in the run config)")
-    strategy = RobustStrategy(fraction_evaluate=0.0, max_attempts=1, train_metrics_aggr_fn=_site_metrics)
+    strategy = RobustStrategy(train_metrics_aggr_fn=_site_metrics,
+                              rounds=RoundConfig(fraction_evaluate=0.0, max_attempts=1))
     strategy.apply_settings(settings)
-    strategy.checkpoint_dirs = ()   # the cloud checkpoints the model; a site round is redone, not resumed
+    strategy.checkpoints = CheckpointConfig()   # the cloud checkpoints the model; a site round is redone, not resumed
     strategy.release = None
     strategy.summary()
     serve(grid, strategy, Spool(settings.path(SPOOL_DIR)))

@@ -6,20 +6,20 @@ from pathlib import Path
 
 from ._sysfs import glob_dirs, read_int, read_text
 
-__all__ = ["Battery", "power_supply", "from_psutil"]
+__all__ = ["BatteryReading", "power_supply", "from_psutil"]
 
 
 @dataclass(frozen=True, slots=True)
-class Battery:
+class BatteryReading:
     level: float  # 0..1
     charging: bool
     power_w: float | None = None
 
 
-def power_supply(root: Path | str) -> Battery | None:
+def power_supply(root: Path | str) -> BatteryReading | None:
     """The system battery (scope Device batteries, e.g. a mouse, are ignored)."""
     mains_online = False
-    found: list[Battery] = []
+    found: list[BatteryReading] = []
     for d in glob_dirs(root, "sys/class/power_supply/*"):
         kind = read_text(d, "type")
         if kind in ("Mains", "USB", "USB_C", "USB_PD"):
@@ -32,13 +32,13 @@ def power_supply(root: Path | str) -> Battery | None:
             continue
         status = (read_text(d, "status") or "").lower()
         charging = status in ("charging", "full")
-        found.append(Battery(level, charging, _power_w(d)))
+        found.append(BatteryReading(level, charging, _power_w(d)))
     if not found:
         return None
     bat = found[0]
     if mains_online and not bat.charging:
         # "Not charging" on AC (charge limit reached) still means: not draining
-        bat = Battery(bat.level, True, bat.power_w)
+        bat = BatteryReading(bat.level, True, bat.power_w)
     return bat
 
 
@@ -63,11 +63,11 @@ def _power_w(d: Path) -> float | None:
     return None
 
 
-def from_psutil(sb: object | None) -> Battery | None:
+def from_psutil(sb: object | None) -> BatteryReading | None:
     """Convert ``psutil.sensors_battery()`` (None means no battery: mains)."""
     if sb is None:
         return None
     percent = getattr(sb, "percent", None)
     if percent is None:
         return None
-    return Battery(min(1.0, max(0.0, float(percent) / 100.0)), bool(getattr(sb, "power_plugged", False)))
+    return BatteryReading(min(1.0, max(0.0, float(percent) / 100.0)), bool(getattr(sb, "power_plugged", False)))

@@ -128,7 +128,7 @@ class LiveProbe:
             if ups is not None:
                 power = ups.power_w
                 if bat is None:
-                    bat = battery.Battery(pi.ups_battery_level(ups.bus_v), ups.current_a > 0, ups.power_w)
+                    bat = battery.BatteryReading(pi.ups_battery_level(ups.bus_v), ups.current_a > 0, ups.power_w)
         if power is None and self._pmic:
             power = self._pmic_power()
         if power is None:

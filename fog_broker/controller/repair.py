@@ -120,7 +120,7 @@ class Repairer:
             if not banned and u == 0.0:
                 devices.append(d)  # what ``replace`` would build (memory_bytes >= 0): skip the copy
                 continue
-            devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - u), alive=d.alive and not banned))
+            devices.append(replace(d, memory_bytes=int(max(0.0, d.memory_bytes - u)), alive=d.alive and not banned))
         if src not in fleet.index or snk not in fleet.index:
             return None
         sub = Workload(name=f"{w.name}#repair", source=src, sink=snk, tenant=w.tenant,

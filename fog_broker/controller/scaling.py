@@ -137,7 +137,7 @@ class Scaler:
             if u == 0.0 and not banned:
                 devices.append(d)
                 continue
-            devices.append(replace(d, memory_bytes=max(0.0, d.memory_bytes - u), alive=d.alive and not banned))
+            devices.append(replace(d, memory_bytes=int(max(0.0, d.memory_bytes - u)), alive=d.alive and not banned))
         plan = c.schedule(Fleet(tuple(devices)), [replace(w, name=f"{w.name}#replica-{r}", replicas=1)],
                              current=None, quotas=quotas)
         res = plan.workloads[0]

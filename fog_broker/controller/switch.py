@@ -361,7 +361,7 @@ class Switcher:
             old = sw.specs.get(a.key[1])
             if old is not None and old.profile is not None and a.phase is not Phase.LOST:
                 extra[a.device] = extra.get(a.device, 0.0) + old.profile.memory_of(a.first, a.last)
-        devices = tuple(replace(d, memory_bytes=d.memory_bytes + extra[d.id]) if d.id in extra else d
+        devices = tuple(replace(d, memory_bytes=int(d.memory_bytes + extra[d.id])) if d.id in extra else d
                         for d in fleet.devices)
         name = entry.spec.name
         plan = c.schedule(Fleet(devices), c.plan_specs(full=name), current=c.current(),

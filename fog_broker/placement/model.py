@@ -11,10 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from runtime.chain_profile import segment_dict
-from runtime.devices import RESOURCE_RANGES, DeviceResources, Taint
+from runtime.devices import (
+    RESOURCE_RANGES,
+    DeviceResources,
+    OutOfRange,
+    Taint,
+    check_ranges,
+    resource_fields,
+)
 from runtime.errors import RemoteViolation
 
 from .spec import (
@@ -145,27 +153,17 @@ class Battery:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One edge machine as the reference cost model sees it (units in COST_MODEL.md)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device(DeviceResources):
+    """One edge machine as the reference cost model sees it (units in COST_MODEL.md): the one
+    device record (``runtime.devices.DeviceResources``, its figures replaced by what the fog
+    measured) and what the fog knows of the device now. Keyword-only, so no figure is declared
+    twice and a new record field is a scheduler field without a change here."""
 
     id: str
-    flops: float
-    memory_bytes: float
-    uplink_bps: float
-    downlink_bps: float
-    rtt_s: float = 0.0
-    power_active_w: float = 0.0
-    power_idle_w: float = 0.0
-    tx_j_per_byte: float = 0.0
-    rx_j_per_byte: float = 0.0
-    labels: tuple[tuple[str, str], ...] = ()
-    taints: tuple[Taint, ...] = ()
-    battery: Battery | None = None
+    battery_level: float = 1.0  # the charge fraction in [0, 1]; meaningful with a capacity
+    charging: bool = False
     alive: bool = True
-    #: onnxruntime execution providers the device runs partitions with, best first
-    #: (its birth's ``providers``); empty: not reported.
-    providers: tuple[str, ...] = ()
     #: False while the device's capacity claims are flagged (out of bounds, or far above what
     #: its own calibration measured): it may then hold no workload's first (or only) replica.
     verified: bool = True
@@ -175,14 +173,35 @@ class Device:
     #: True while the device reports thermal throttling (its state's ``throttled``): it takes no
     #: partition, and what it runs is re-placed (the scheduler's ``NotThrottled``).
     throttled: bool = False
+    #: ``battery_capacity_wh``, ``battery_level`` and ``charging`` together (None: mains powered),
+    #: built once here because the cost model reads it per candidate.
+    battery: Battery | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        # No per-field type walk (a fleet rebuild makes one per device): free memory computed as
+        # a float is whole bytes, labels given as pairs are a dict, and ranges fail in one line.
         if not self.id:
             raise SpecError("device id must be non-empty")
-        for name in _DEVICE_RANGED:  # runtime's one table of device figures
-            why = RESOURCE_RANGES[name].problem(getattr(self, name))
-            if why is not None:
-                raise SpecError(f"device {self.id}: {name}={getattr(self, name)!r} ({why})")
+        mem: object = self.memory_bytes
+        if type(mem) is float and math.isfinite(mem):
+            object.__setattr__(self, "memory_bytes", int(mem))
+        labels: Any = self.labels
+        if type(labels) is not dict:  # given as pairs: the device's own dict
+            object.__setattr__(self, "labels", dict(labels))
+        if type(self.taints) is not tuple:
+            object.__setattr__(self, "taints", tuple(self.taints))
+        if type(self.providers) is not tuple:
+            object.__setattr__(self, "providers", tuple(self.providers))
+        try:
+            check_ranges(self, RESOURCE_RANGES)  # runtime's one table of device figures
+        except OutOfRange as e:
+            raise SpecError(f"device {self.id}: {e.field}={e.value!r} ({e.why})") from None
+        if None in _required_figures(self):  # check_ranges reads None as unset
+            missing = [n for n in _REQUIRED if getattr(self, n) is None]
+            raise SpecError(f"device {self.id}: {missing[0]} is required")
+        cap = self.battery_capacity_wh
+        if cap is not None:
+            object.__setattr__(self, "battery", Battery(cap, self.battery_level, self.charging))
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -192,15 +211,12 @@ class Device:
     def device_class(self) -> str:
         """What measured segment times are keyed by besides the id: the ``device-class``
         label, else ``device-model`` (e.g. ``pi4``); '' when the device has neither."""
-        return class_label(dict(self.labels))
+        return class_label(self.labels)
 
     @property
     def power_domain(self) -> str:
         """The anti-affinity domain; an unlabelled device is a domain of its own."""
-        for k, v in self.labels:
-            if k == "power-domain":
-                return v
-        return f"device:{self.id}"
+        return self.labels.get("power-domain") or f"device:{self.id}"
 
     @classmethod
     def from_resources(cls, device_id: str, res: DeviceResources, *, flops: float | None = None,
@@ -213,23 +229,23 @@ class Device:
 
         The fog's better knowledge replaces claims: measured ``flops``, free ``memory_bytes``,
         the state's ``uplink_bps``, ``rtt_s`` and battery, the rails' measured ``power_active_w``.
-        Written out rather than looped (a
-        fleet rebuild calls it per device); tests/runtime/test_device_record.py checks that it
-        copies every figure ``Device`` shares with the record.
+        Every other record figure is copied by name, so a new one needs no change here.
         """
-        cap = res.battery_capacity_wh
-        return cls(
-            device_id, res.flops if flops is None else flops,
-            float(res.memory_bytes) if memory_bytes is None else memory_bytes,
-            res.uplink_bps if uplink_bps is None else uplink_bps, res.downlink_bps,
-            rtt_s=res.rtt_s if rtt_s is None else rtt_s,
-            power_active_w=res.power_active_w if power_active_w is None else power_active_w,
-            power_idle_w=res.power_idle_w, tx_j_per_byte=res.tx_j_per_byte,
-            rx_j_per_byte=res.rx_j_per_byte, labels=tuple(sorted(res.labels.items())),
-            taints=res.taints,
-            battery=None if cap is None else Battery(cap, min(max(battery_level, 0.0), 1.0), charging),
-            alive=alive, providers=tuple(res.providers), verified=verified, throttled=throttled,
-            measured=measured)
+        v = list(_record_figures(res))  # positional, in the record's order: a fleet rebuild
+        v[_LABELS] = dict(v[_LABELS])  # calls this per device; the device's own labels
+        if flops is not None:
+            v[_FLOPS] = flops
+        if memory_bytes is not None:
+            v[_MEMORY] = memory_bytes
+        if uplink_bps is not None:
+            v[_UPLINK] = uplink_bps
+        if rtt_s is not None:
+            v[_RTT] = rtt_s
+        if power_active_w is not None:
+            v[_POWER] = power_active_w
+        return cls(*v, id=device_id, battery_level=min(max(battery_level, 0.0), 1.0),
+                   charging=charging, alive=alive, verified=verified, throttled=throttled,
+                   measured=measured)
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "device") -> Device:
@@ -240,19 +256,24 @@ class Device:
         if not isinstance(alive, bool):
             raise SpecError(f"{w}.alive: expected a boolean, got {alive!r}")
         batt = d.get("battery")
-        figures = {}  # the record's figures; required where ``Device`` has no default
-        for name in _DEVICE_RANGED:
-            r, v = RESOURCE_RANGES[name], d.get(name, _DEVICE_DEFAULTS.get(name))
-            figures[name] = _num(_req(d, name, w) if v is None else v, f"{w}.{name}",
-                                 minimum=r.lo, positive=r.lo_open)
+        figures: dict[str, float | int] = {}  # the record's figures, by name
+        for name in _FLEET_FIGURES:
+            r, v = RESOURCE_RANGES[name], d.get(name, _FLEET_DEFAULTS.get(name))
+            v = _req(d, name, w) if v is None else v
+            figures[name] = (_int(v, f"{w}.{name}", minimum=int(r.lo)) if name in _INT_FIGURES
+                             else _num(v, f"{w}.{name}", minimum=r.lo, positive=r.lo_open))
+        battery = None if batt is None else Battery.from_dict(batt, f"{w}.battery")
         return cls(
-            id=did, **figures,
-            labels=_strmap(d.get("labels", {}) or {}, f"{w}.labels"),
+            id=did, **figures,  # type: ignore[arg-type]
+            labels=dict(_strmap(d.get("labels", {}) or {}, f"{w}.labels")),
             taints=tuple(_taint(t, f"{w}.taints[{i}]")
                          for i, t in enumerate(_list(d.get("taints", []) or [], f"{w}.taints"))),
-            battery=None if batt is None else Battery.from_dict(batt, f"{w}.battery"),
+            battery_capacity_wh=None if battery is None else battery.capacity_wh,
+            battery_level=1.0 if battery is None else battery.level,
+            charging=battery is not None and battery.charging,
             alive=alive,
             providers=_strs(d.get("providers", []) or [], f"{w}.providers"),
+            accelerators=_strs(d.get("accelerators", []) or [], f"{w}.accelerators"),
             verified=_bool(d.get("verified", True), f"{w}.verified"),
             measured=_bool(d.get("measured", True), f"{w}.measured"),
             throttled=_bool(d.get("throttled", False), f"{w}.throttled"),
@@ -262,6 +283,8 @@ class Device:
         out = self._base_dict()
         if self.providers:
             out["providers"] = list(self.providers)
+        if self.accelerators:
+            out["accelerators"] = list(self.accelerators)
         if not self.verified:
             out["verified"] = False
         if not self.measured:
@@ -274,17 +297,27 @@ class Device:
         return {
             "id": self.id, "labels": dict(self.labels),
             "taints": [_taint_dict(t) for t in self.taints],
-            **{name: getattr(self, name) for name in _DEVICE_RANGED},
+            **{name: getattr(self, name) for name in _FLEET_FIGURES},
             "battery": None if self.battery is None else self.battery.to_dict(),
             "alive": self.alive,
         }
 
 
-#: The ``Device`` fields that are device-record figures (``RESOURCE_RANGES``): checked against
-#: their ranges, read from / written to FLEET.json by name.
-_DEVICE_RANGED = tuple(f.name for f in fields(Device) if f.name in RESOURCE_RANGES)
-_DEVICE_DEFAULTS = {f.name: f.default for f in fields(Device)
-                    if f.name in RESOURCE_RANGES and isinstance(f.default, (int, float))}
+_RECORD_FIELDS = resource_fields()
+_record_figures = attrgetter(*_RECORD_FIELDS)  # the record's fields in order, in one call
+_REQUIRED = tuple(f.name for f in fields(DeviceResources)
+                  if f.name in RESOURCE_RANGES and f.default is not None)
+_required_figures = attrgetter(*_REQUIRED)
+_LABELS, _FLOPS, _MEMORY, _UPLINK, _RTT, _POWER = map(_RECORD_FIELDS.index, (
+    "labels", "flops", "memory_bytes", "uplink_bps", "rtt_s", "power_active_w"))
+#: The device-record figures a FLEET.json device carries by name (the capacity is in its
+#: ``battery``); the record's defaults, and 0 for the figures FLEET.json has always defaulted.
+_FLEET_FIGURES = tuple(n for n in RESOURCE_RANGES if n != "battery_capacity_wh")
+_FLEET_DEFAULTS = {**{f.name: f.default for f in fields(DeviceResources)
+                      if f.name in RESOURCE_RANGES and isinstance(f.default, (int, float))},
+                   "rtt_s": 0.0, "power_active_w": 0.0, "power_idle_w": 0.0}
+_INT_FIGURES = frozenset(n for n in _FLEET_FIGURES
+                         if n != "memory_bytes" and DeviceResources.__annotations__[n] == "int")
 
 
 @dataclass(frozen=True, slots=True)

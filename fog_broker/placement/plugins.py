@@ -23,7 +23,6 @@ from . import explain
 from .chain import ChainSolution, DeviceTable, solve_chain
 from .model import (
     NO_SCHEDULE_EFFECTS,
-    Battery,
     ChainProfile,
     Device,
     Fleet,
@@ -253,8 +252,8 @@ class Alive:
 
 class NodeSelector:
     examples: ClassVar[Examples] = Examples(
-        passes=({}, {"labels": (("zone", "x"), ("zone", "y"))}),
-        fails=({"labels": ()}, {"labels": (("zone", "y"),)}))
+        passes=({}, {"labels": {"zone": "x", "rack": "y"}}),
+        fails=({"labels": {}}, {"labels": {"zone": "y"}}))
 
     name = "NodeSelector"
     gate = GATE_SELECTOR
@@ -262,7 +261,7 @@ class NodeSelector:
 
     @staticmethod
     def _ok(workload: Workload, d: Device) -> bool:
-        return all(item in d.labels for item in workload.selectors)
+        return all(d.labels.get(k) == v for k, v in workload.selectors)
 
     def filter(self, workload: Workload, node: NodeView) -> Status:
         return OK if self._ok(workload, node.device) else _fail(self)
@@ -361,8 +360,10 @@ class EnergyFloor:
     """A battery device below ``floor`` (charge fraction) and not charging takes no new work."""
 
     examples: ClassVar[Examples] = Examples(
-        passes=({}, {"battery": Battery(10.0, 0.1, True)}, {"battery": Battery(10.0, 0.5)}),
-        fails=({"battery": Battery(10.0, 0.1)}, {"battery": Battery(10.0, 0.0)}))
+        passes=({}, {"battery_capacity_wh": 10.0, "battery_level": 0.1, "charging": True},
+                {"battery_capacity_wh": 10.0, "battery_level": 0.5}),
+        fails=({"battery_capacity_wh": 10.0, "battery_level": 0.1},
+               {"battery_capacity_wh": 10.0, "battery_level": 0.0}))
     floor: float = 0.2
     name: str = "EnergyFloor"
     gate: str = GATE_ENERGY
@@ -532,8 +533,9 @@ class MemoryFit:
 #: What every filter's ``examples`` are judged against: a plain device that passes them all, a
 #: workload that selects ``zone=x``, wants CUDA and tolerates nothing, and a context with a 20 %
 #: battery floor, the first replica, power domain ``p0`` taken and a 1 MB smallest segment.
-EXAMPLE_DEVICE = Device("example", flops=1e10, memory_bytes=1e9, uplink_bps=1e8, downlink_bps=1e8,
-                        labels=(("zone", "x"), ("power-domain", "p1")),
+EXAMPLE_DEVICE = Device(id="example", flops=1e10, memory_bytes=10**9, uplink_bps=1e8, downlink_bps=1e8,
+                        rtt_s=0.0, power_active_w=0.0, power_idle_w=0.0,
+                        labels={"zone": "x", "power-domain": "p1"},
                         providers=("CUDAExecutionProvider",))
 EXAMPLE_WORKLOAD = Workload("example", "example", "example", selectors=(("zone", "x"),),
                             providers=("CUDAExecutionProvider",), profile=ChainProfile(

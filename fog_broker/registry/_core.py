@@ -286,8 +286,8 @@ def _device(did: str, inputs: tuple[object, ...]) -> Device:
         battery_level=level, charging=charging, alive=bool(alive), verified=bool(verified),
         power_active_w=power, throttled=bool(throttled), measured=measured is not None)
     if class_refused:  # its class label names a known device: it is of no class (``class_label``)
-        dev = replace(dev, labels=tuple((k, v) for k, v in dev.labels
-                                        if k not in ("device-class", "device-model")))
+        dev = replace(dev, labels={k: v for k, v in dev.labels.items()
+                                   if k not in ("device-class", "device-model")})
     return dev
 
 

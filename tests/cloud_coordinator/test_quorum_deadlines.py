@@ -20,7 +20,7 @@ from cloud_coordinator.metrics import families
 from cloud_coordinator.release import Release
 from cloud_coordinator.rounds import DeadlinePolicy, message_ttl, round_deadline
 from cloud_coordinator.sites_cli import round_line
-from cloud_coordinator.strategy import RobustStrategy, RunFailed
+from cloud_coordinator.strategy import CheckpointConfig, RobustStrategy, RoundConfig, RunFailed
 from runtime.errors import LocalViolation
 
 from _grid import LocalGrid, pull_client
@@ -41,13 +41,13 @@ from _grid import LocalGrid, pull_client
 ])
 def test_quorum_defaults_to_what_the_rule_needs_for_f(rule: str, f: int, min_replies: int | None, want: int) -> None:
     assert quorum(get_rule(rule, f).min_clients, min_replies) == want
-    s = RobustStrategy(rule, f=f, min_train_nodes=1, min_replies=min_replies)
+    s = RobustStrategy(rule, f=f, rounds=RoundConfig(min_train_nodes=1, min_replies=min_replies))
     assert s.quorum == want
 
 
 def test_min_replies_below_one_is_refused() -> None:
     with pytest.raises(LocalViolation, match="min_replies"):
-        RobustStrategy("median", f=1, min_replies=0)
+        RobustStrategy("median", f=1, rounds=RoundConfig(min_replies=0))
 
 
 P = DeadlinePolicy(initial_s=30.0, min_s=30.0, max_s=300.0, margin=3.0)
@@ -78,7 +78,7 @@ def test_deadline_policy_refuses_inverted_bounds() -> None:
     with pytest.raises(LocalViolation, match="round deadlines"):
         DeadlinePolicy(initial_s=60.0, min_s=60.0, max_s=30.0)
     with pytest.raises(LocalViolation, match="round deadlines"):
-        RobustStrategy("median", f=1, round_timeout=60.0, max_round_timeout=30.0)
+        RobustStrategy("median", f=1, rounds=RoundConfig(round_timeout=60.0, max_round_timeout=30.0))
 
 
 # ------------------------------------------------------------------ a Grid on a virtual clock, with Flower's TTL
@@ -157,9 +157,11 @@ def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _strategy(clock: Clock, tmp_path: Path, **kw: Any) -> RobustStrategy:
-    return RobustStrategy("trimmed_mean", f=1, fraction_evaluate=0.0, round_timeout=30.0, grace=0.0,
-                          max_round_timeout=600.0, checkpoint_dirs=[tmp_path], clock=clock,
-                          release=Release("m", _hook, input_shape=(1, 3)), **kw)
+    return RobustStrategy("trimmed_mean", f=1, clock=clock, release=Release("m", _hook, input_shape=(1, 3)),
+                          **kw,
+                          rounds=RoundConfig(fraction_evaluate=0.0, round_timeout=30.0, grace=0.0,
+                                             max_round_timeout=600.0),
+                          checkpoints=CheckpointConfig(dirs=[tmp_path]))
 
 
 def test_late_replies_within_the_adapted_deadline_are_never_expired_by_the_ttl(tmp_path: Path) -> None:
@@ -292,8 +294,9 @@ def test_the_release_key_of_a_run_without_checkpoints_is_kept_with_the_other_key
     beside what it vouches for; it lives in ``<work_dir>.keys/`` (0700) as ``key_path`` says, 0600."""
     g, clock = _slow_grid(lambda rnd, attempt: 1.0)
     work = tmp_path / "run"
-    RobustStrategy("trimmed_mean", f=1, fraction_evaluate=0.0, round_timeout=30.0, grace=0.0, clock=clock,
-                   work_dir=work, release=Release("m", _hook, input_shape=(1, 3))).start(
+    RobustStrategy("trimmed_mean", f=1, clock=clock, work_dir=work,
+                   release=Release("m", _hook, input_shape=(1, 3)),
+                   rounds=RoundConfig(fraction_evaluate=0.0, round_timeout=30.0, grace=0.0)).start(
         grid=g, initial_arrays=_init(), num_rounds=1)
     assert list((work / "releases").glob("m-v*.release"))
     assert not list(work.glob("*.key"))

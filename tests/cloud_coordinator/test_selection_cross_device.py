@@ -154,7 +154,7 @@ def test_the_coordinator_selects_cross_device_and_reports_why_per_device(tmp_pat
     from cloud_coordinator.selection import selection_line
     from cloud_coordinator.settings import Settings
     from cloud_coordinator.sites_cli import last_selection
-    from cloud_coordinator.strategy import RobustStrategy
+    from cloud_coordinator.strategy import RobustStrategy, RoundConfig
     from cloud_coordinator.summaries import open_summary, store_summary
     from runtime.security import Identity, Signer
 
@@ -183,8 +183,9 @@ def test_the_coordinator_selects_cross_device_and_reports_why_per_device(tmp_pat
     store_summary(tmp_path / "summaries", *got)
 
     work = tmp_path / "work"
-    strategy = RobustStrategy("median", f=0, min_train_nodes=2, round_timeout=5.0, grace=0.0,
-                              fraction_evaluate=0.0)
+    strategy = RobustStrategy("median", f=0,
+                              rounds=RoundConfig(min_train_nodes=2, round_timeout=5.0, grace=0.0,
+                                                 fraction_evaluate=0.0))
     strategy.apply_settings(Settings(str(work), summaries_dir=str(tmp_path / "summaries"),
                                      fog_keys={"fog-a": fog.public_key_bytes.hex()}, fog_sites={"fog-a": "lab"},
                                      selection="cross-device"))

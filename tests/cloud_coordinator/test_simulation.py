@@ -15,7 +15,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from cloud_coordinator import RobustStrategy
+from cloud_coordinator import CheckpointConfig, RobustStrategy, RoundConfig
 from edge_agent.flower_client import simulated_faults
 from models.digits import load_digits_split
 from models.train import SoftmaxRegression
@@ -65,9 +65,10 @@ def _server_app(ckpt: Path) -> ServerApp:
             loss, acc = m.evaluate(x, y)
             return MetricRecord({"loss": loss, "accuracy": acc})
 
-        strategy = RobustStrategy("bulyan", f=BYZANTINE, fraction_train=1.0, fraction_evaluate=0.0,
-                                  min_train_nodes=40, round_timeout=ROUND_TIMEOUT_S, grace=ROUND_TIMEOUT_S,
-                                  checkpoint_dirs=[ckpt])
+        strategy = RobustStrategy("bulyan", f=BYZANTINE,
+                                  rounds=RoundConfig(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=40,
+                                                     round_timeout=ROUND_TIMEOUT_S, grace=ROUND_TIMEOUT_S),
+                                  checkpoints=CheckpointConfig(dirs=[ckpt]))
         strategy.start(grid=grid, initial_arrays=ArrayRecord(SoftmaxRegression().get_weights()),
                        num_rounds=ROUNDS, train_config=ConfigRecord({"lr": 0.2}), evaluate_fn=evaluate)
 

@@ -25,7 +25,7 @@ from cloud_coordinator.site_aggregator.bridge import site_reply
 from cloud_coordinator.site_aggregator.cli import BRIDGE_COMPONENT
 from cloud_coordinator.site_aggregator.site_server import serve
 from cloud_coordinator.site_aggregator.spool import MAX_JOBS, Job, Outcome, Spool, SpoolFull
-from cloud_coordinator.strategy import RobustStrategy
+from cloud_coordinator.strategy import RobustStrategy, RoundConfig
 
 from _grid import LocalGrid, pull_client
 
@@ -92,8 +92,9 @@ def _site(target: float, attacks: dict[int, str], n: int, sp: Spool, rounds: int
     grid = LocalGrid()
     for i in range(n):
         grid.add(pull_client(np.float32(target), attack=attacks.get(i, ""), noise_seed=i))
-    strategy = RobustStrategy("trimmed_mean", f=1, min_train_nodes=3, round_timeout=5, grace=0.1, max_attempts=1,
-                              fraction_evaluate=0.0)
+    strategy = RobustStrategy("trimmed_mean", f=1,
+                              rounds=RoundConfig(min_train_nodes=3, round_timeout=5, grace=0.1, max_attempts=1,
+                                                 fraction_evaluate=0.0))
     t = threading.Thread(target=serve, args=(grid, strategy, sp), kwargs={"max_jobs": rounds}, daemon=True)
     t.start()
     return t
@@ -125,8 +126,8 @@ def test_two_level_round_outvotes_a_byzantine_device_and_a_byzantine_site(tmp_pa
         key = f"key-{s}".encode()
         keys[s] = key
         cloud.add(_bridge_client(spools[s], attack), public_key=key)
-    strategy = RobustStrategy("median", f=1, min_train_nodes=3, round_timeout=20, grace=0.1, fraction_evaluate=0.0,
-                              node_devices={})
+    strategy = RobustStrategy("median", f=1, node_devices={},
+                              rounds=RoundConfig(min_train_nodes=3, round_timeout=20, grace=0.1, fraction_evaluate=0.0))
     strategy.node_devices = None
     initial = ArrayRecord({"w": Array(np.zeros((4, 3), np.float32)), "b": Array(np.zeros(3, np.float32))})
     entries = []
@@ -155,8 +156,9 @@ def test_a_site_that_cannot_aggregate_is_an_error_reply_not_a_hang(tmp_path: Pat
     sp = Spool(tmp_path / "a")
     _site(1.0, {}, 2, sp, 1)  # two devices: trimmed mean with f=1 needs three
     cloud.add(_bridge_client(sp))
-    strategy = RobustStrategy("mean", f=0, min_train_nodes=1, round_timeout=20, grace=0.1, fraction_evaluate=0.0,
-                              max_attempts=1, min_available_nodes=1)
+    strategy = RobustStrategy("mean", f=0,
+                              rounds=RoundConfig(min_train_nodes=1, round_timeout=20, grace=0.1,
+                                                 fraction_evaluate=0.0, max_attempts=1, min_available_nodes=1))
     initial = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
     t0 = time.monotonic()
     new, _, entry = strategy.train_round(cloud, 1, initial, ConfigRecord({}))

@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Error, MetricRecord, RecordDict
 
 from cloud_coordinator.rounds import Wait, wait_decision
-from cloud_coordinator.strategy import RobustStrategy, RunFailed
+from cloud_coordinator.strategy import CheckpointConfig, RobustStrategy, RoundConfig, RunFailed
 
 from _grid import Crash, LocalGrid, pull_client
 
@@ -30,9 +30,9 @@ def _grid(n: int = 5, byz: dict[int, str] | None = None, **kw: Any) -> LocalGrid
     return g
 
 
-def _strategy(rule: str = "trimmed_mean", f: int = 1, **kw: Any) -> RobustStrategy:
-    kw.setdefault("fraction_evaluate", 0.0)
-    return RobustStrategy(rule, f=f, round_timeout=5.0, grace=0.0, **kw)
+def _strategy(rule: str = "trimmed_mean", f: int = 1, *, checkpoint_dirs: Any = (), **rounds: Any) -> RobustStrategy:
+    rounds = {"fraction_evaluate": 0.0, "round_timeout": 5.0, "grace": 0.0, **rounds}
+    return RobustStrategy(rule, f=f, rounds=RoundConfig(**rounds), checkpoints=CheckpointConfig(dirs=checkpoint_dirs))
 
 
 def _flat(a: ArrayRecord) -> np.ndarray:
@@ -124,8 +124,9 @@ def test_nan_client_with_trimmed_mean_n3_is_retried_then_stops_loudly(tmp_path: 
 
 @pytest.mark.integration
 def test_f_too_large_for_the_clients_is_one_line_and_nothing_lost(tmp_path: Path) -> None:
-    s = RobustStrategy("bulyan", f=1, checkpoint_dirs=[tmp_path], max_attempts=1, round_timeout=1.0,
-                       fraction_evaluate=0.0)  # needs 7
+    s = RobustStrategy("bulyan", f=1,
+                       rounds=RoundConfig(max_attempts=1, round_timeout=1.0, fraction_evaluate=0.0),
+                       checkpoints=CheckpointConfig(dirs=[tmp_path]))  # needs 7
     with pytest.raises(RunFailed) as info:
         s.start(grid=_grid(5), initial_arrays=_init(), num_rounds=2)
     assert "\n" not in str(info.value) and "needs 7" in str(info.value)

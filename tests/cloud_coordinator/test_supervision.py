@@ -9,7 +9,7 @@ from cloud_coordinator.supervision import (
     Event,
     Health,
     Limits,
-    Phase,
+    RunPhase,
     State,
     diagnose,
     flower_event,
@@ -17,7 +17,7 @@ from cloud_coordinator.supervision import (
     watchdog_bound,
 )
 
-A, E, P = Action, Event, Phase
+A, E, P = Action, Event, RunPhase
 
 
 @pytest.mark.parametrize(("phase", "event", "kw", "want_phase", "want_actions"), [
@@ -48,7 +48,7 @@ A, E, P = Action, Event, Phase
     (P.DONE, E.SUPERLINK_DEAD, {}, P.DONE, ()),
     (P.FAILED, E.START, {}, P.FAILED, ()),
 ])
-def test_transitions(phase: Phase, event: Event, kw: dict, want_phase: Phase,  # type: ignore[type-arg]
+def test_transitions(phase: RunPhase, event: Event, kw: dict, want_phase: RunPhase,  # type: ignore[type-arg]
                      want_actions: tuple[Action, ...]) -> None:
     new, actions = step(State(phase=phase, run_id=3), event, **kw)
     assert (new.phase, actions) == (want_phase, want_actions)
@@ -170,6 +170,6 @@ def test_a_superlink_that_is_not_ours_is_not_restarted() -> None:
 
 
 @pytest.mark.parametrize("phase", [P.IDLE, P.SETTLING, P.DONE, P.FAILED])
-def test_a_stall_outside_a_live_run_changes_nothing(phase: Phase) -> None:
+def test_a_stall_outside_a_live_run_changes_nothing(phase: RunPhase) -> None:
     s0 = State(phase=phase)
     assert step(s0, E.STALLED, component=Component.SERVERAPP) == (s0, ())

@@ -160,6 +160,6 @@ def test_client_evaluates(tmp_path: Path, source: str, want: bool) -> None:
 def test_no_evaluate_messages_to_a_client_app_that_cannot_evaluate() -> None:
     assert load_app(bundled_app("digits")).client_evaluate  # the bundled apps evaluate on clients
     s = RobustStrategy("median", f=0)
-    assert s.fraction_evaluate == 1.0  # Flower's strategies' default
+    assert s.rounds.fraction_evaluate == 1.0  # Flower's strategies' default
     s.apply_settings(Settings(work_dir="/tmp/unused", client_evaluate=False))
-    assert s.fraction_evaluate == 0.0
+    assert s.rounds.fraction_evaluate == 0.0

@@ -14,7 +14,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 
 from cloud_coordinator.settings import FATAL_FILE
-from cloud_coordinator.strategy import RobustStrategy, RunFailed
+from cloud_coordinator.strategy import RobustStrategy, RoundConfig, RunFailed
 
 from _grid import Crash, LocalGrid, pull_client
 
@@ -45,7 +45,8 @@ def test_a_superlink_error_reply_is_blamed_on_the_node_it_was_sent_to_with_flowe
     good = [g.add(pull_client(np.float32(i), noise_seed=i)) for i in range(3)]
     silent = g.add(lambda m: None)
     g.unavailable.add(silent)
-    s = RobustStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0)
+    s = RobustStrategy("median", f=1,
+                       rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     new, metrics, entry = s.train_round(g, 1, _init(), ConfigRecord())
     assert new is not None and metrics is not None
     assert f"node-{SUPERLINK_NODE_ID}" not in entry["rejected"]
@@ -60,7 +61,8 @@ def test_a_clients_own_error_keeps_its_code_and_reason() -> None:
     for i in range(3):
         g.add(pull_client(np.float32(i), noise_seed=i))
     bad = g.add(lambda m: Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="KeyError: 'x'"))
-    s = RobustStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0)
+    s = RobustStrategy("median", f=1,
+                       rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     _, _, entry = s.train_round(g, 1, _init(), ConfigRecord())
     assert entry["rejected"][f"node-{bad}"] == "client error (flower 2 CLIENT_APP_RAISED_EXCEPTION: KeyError: 'x')"
 
@@ -84,8 +86,8 @@ def _fatal(work: Path) -> dict[str, Any]:
 
 
 def test_a_raising_strategy_writes_fatal_json_with_its_traceback(tmp_path: Path) -> None:
-    s = RaisingStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0,
-                        work_dir=tmp_path)
+    s = RaisingStrategy("median", f=1, work_dir=tmp_path,
+                        rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     with pytest.raises(RunFailed, match="the ServerApp raised ZeroDivisionError: the user's strategy divides by zero"):
         s.start(grid=_grid(), initial_arrays=_init(), num_rounds=2)
     doc = _fatal(tmp_path)
@@ -97,8 +99,8 @@ def test_a_raising_evaluate_fn_writes_fatal_json(tmp_path: Path) -> None:
     def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
         return MetricRecord({"accuracy": {"a": 1.0}["missing"]})
 
-    s = RobustStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0,
-                       work_dir=tmp_path)
+    s = RobustStrategy("median", f=1, work_dir=tmp_path,
+                       rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     with pytest.raises(RunFailed, match="KeyError: 'missing'"):
         s.start(grid=_grid(), initial_arrays=_init(), num_rounds=2, evaluate_fn=evaluate_fn)
     assert "evaluate_fn" in _fatal(tmp_path)["traceback"]
@@ -108,8 +110,8 @@ def test_a_grid_failure_is_not_the_apps_fault(tmp_path: Path) -> None:
     """An exception from inside a Grid call is the SuperLink's connection: the supervisor restarts, no fatal.json."""
     g = _grid()
     g.crash_on = (1, 1)
-    s = RobustStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0,
-                       work_dir=tmp_path)
+    s = RobustStrategy("median", f=1, work_dir=tmp_path,
+                       rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=5.0, grace=0.0))
     with pytest.raises(Crash):
         s.start(grid=g, initial_arrays=_init(), num_rounds=2)
     assert not (tmp_path / FATAL_FILE).exists()
@@ -121,8 +123,9 @@ def test_every_attempt_leaves_a_heartbeat_naming_what_it_waits_for(tmp_path: Pat
     from cloud_coordinator.settings import PROGRESS_FILE
 
     g = _grid(2)
-    s = RobustStrategy("median", f=1, min_train_nodes=3, fraction_evaluate=0.0, round_timeout=0.5, grace=0.0,
-                       max_attempts=1, work_dir=tmp_path)
+    s = RobustStrategy("median", f=1, work_dir=tmp_path,
+                       rounds=RoundConfig(min_train_nodes=3, fraction_evaluate=0.0, round_timeout=0.5, grace=0.0,
+                                          max_attempts=1))
     s.train_round(g, 1, _init(), ConfigRecord())  # two nodes for a quorum of three: the attempt fails
     doc = json.loads((tmp_path / PROGRESS_FILE).read_text())
     assert doc["round"] == 1 and doc["attempt"] == 1 and doc["connected"] == sorted(f"node-{n}" for n in g.nodes)

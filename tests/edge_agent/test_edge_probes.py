@@ -120,7 +120,7 @@ def test_no_jetson_rails_elsewhere() -> None:
 
 def test_laptop_battery_ignores_mouse() -> None:
     b = battery.power_supply(FIX / "laptop")
-    assert b == battery.Battery(0.76, False, pytest.approx(9.871))
+    assert b == battery.BatteryReading(0.76, False, pytest.approx(9.871))
 
 
 @pytest.mark.parametrize("board", ["pi4", "pi5", "orin"])
@@ -147,7 +147,7 @@ def test_psutil_battery_conversion() -> None:
         percent = 42.0
         power_plugged = False
     assert battery.from_psutil(None) is None  # psutil: None means no battery (mains)
-    assert battery.from_psutil(SB()) == battery.Battery(0.42, False)
+    assert battery.from_psutil(SB()) == battery.BatteryReading(0.42, False)
 
 
 def test_providers_from_library_names() -> None:

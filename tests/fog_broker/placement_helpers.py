@@ -10,7 +10,7 @@ from fog_broker.placement import ChainProfile, Device, PartitionPlacement, Segme
 
 def dev(i: str, **kw: object) -> Device:
     base: dict[str, object] = dict(flops=1e9, memory_bytes=1e6, uplink_bps=1e7, downlink_bps=1e7,
-                                   rtt_s=1e-3, power_active_w=5.0, tx_j_per_byte=1e-7,
+                                   rtt_s=1e-3, power_active_w=5.0, power_idle_w=0.0, tx_j_per_byte=1e-7,
                                    rx_j_per_byte=1e-7)
     base.update(kw)
     return Device(id=i, **base)  # type: ignore[arg-type]
@@ -28,12 +28,12 @@ def random_instance(rng: random.Random, n_dev: int, n_seg: int,
     for i in range(n_dev):
         devs.append(Device(
             id=f"d{i}", flops=rng.choice([1e8, 5e8, 2e9, 1e10]) * rng.uniform(0.5, 2),
-            memory_bytes=rng.uniform(1e5, 2e6) if tight else 1e9,
+            memory_bytes=int(rng.uniform(1e5, 2e6)) if tight else 10**9,
             uplink_bps=rng.choice([1e6, 1e7, 1e8]) * rng.uniform(0.5, 2),
             downlink_bps=rng.choice([1e6, 1e7, 1e8]) * rng.uniform(0.5, 2),
-            rtt_s=rng.uniform(1e-4, 2e-2), power_active_w=rng.uniform(1, 20),
+            rtt_s=rng.uniform(1e-4, 2e-2), power_active_w=rng.uniform(1, 20), power_idle_w=0.0,
             tx_j_per_byte=rng.uniform(1e-8, 1e-6), rx_j_per_byte=rng.uniform(1e-8, 1e-6),
-            labels=(("power-domain", f"p{i % 3}"),)))
+            labels={"power-domain": f"p{i % 3}"}))
     segs = tuple(Segment(f"s{i}", rng.uniform(1e6, 1e9), rng.uniform(1e4, 6e5),
                          rng.uniform(1e4, 3e5), rng.uniform(1e3, 2e5)) for i in range(n_seg))
     return devs, ChainProfile("m", rng.uniform(1e3, 1e5), segs)
@@ -77,7 +77,7 @@ def dominated_fleet(rng: random.Random, n_base: int, copies: int,
     ties in every component and in memory so the tie-breaking rule is exercised too.
     """
     base, _ = random_instance(rng, n_base, 1, tight=tight)
-    mems = [rng.uniform(1e5, 2e6) if tight else 1e9 for _ in range(3)]
+    mems = [int(rng.uniform(1e5, 2e6)) if tight else 10**9 for _ in range(3)]
     devs: list[Device] = []
     for i, b in enumerate(base):
         b = replace(b, memory_bytes=rng.choice(mems))
@@ -88,11 +88,11 @@ def dominated_fleet(rng: random.Random, n_base: int, copies: int,
                 return v / f if up else v * f
             devs.append(replace(
                 b, id=f"b{i}c{c}", flops=worse(b.flops, True),
-                memory_bytes=rng.choice([b.memory_bytes, worse(b.memory_bytes, True)]),
+                memory_bytes=int(rng.choice([b.memory_bytes, worse(b.memory_bytes, True)])),
                 uplink_bps=worse(b.uplink_bps, True), downlink_bps=worse(b.downlink_bps, True),
                 rtt_s=worse(b.rtt_s, False), power_active_w=worse(b.power_active_w, False),
                 tx_j_per_byte=worse(b.tx_j_per_byte, False),
                 rx_j_per_byte=worse(b.rx_j_per_byte, False),
-                labels=(("power-domain", f"p{(i + c) % 3}"),)))
+                labels={"power-domain": f"p{(i + c) % 3}"}))
     rng.shuffle(devs)
     return devs

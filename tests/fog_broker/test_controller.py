@@ -24,7 +24,7 @@ MB = 1_000_000
 def dev(i: str, mem: float = 100 * MB, flops: float = 1e10, domain: str | None = None, **kw: object) -> Device:
     labels = (("power-domain", domain or f"pd-{i}"),)
     return Device(id=i, flops=flops, memory_bytes=mem, uplink_bps=1e9, downlink_bps=1e9, rtt_s=0.001,
-                  power_active_w=5.0, labels=labels, **kw)  # type: ignore[arg-type]
+                  power_active_w=5.0, power_idle_w=0.0, labels=labels, **kw)  # type: ignore[arg-type]
 
 
 def profile(n: int = 4, param: float = 10 * MB) -> ChainProfile:

@@ -41,7 +41,7 @@ DRAIN = 0.5
 
 def dev(i: str, mem: float, domain: str | None = None) -> Device:
     return Device(id=i, flops=1e10, memory_bytes=mem, uplink_bps=1e9, downlink_bps=1e9, rtt_s=0.001,
-                  power_active_w=5.0, labels=(("power-domain", domain or f"pd-{i}"),))
+                  power_active_w=5.0, power_idle_w=0.0, labels=(("power-domain", domain or f"pd-{i}"),))
 
 
 def profile(model: str, mb: float, n: int = 2) -> ChainProfile:

@@ -155,9 +155,11 @@ def test_one_table_feeds_the_clamp_the_model_and_the_profiles() -> None:
     b, flags = bound_birth(birth(flops=1e16))
     assert b.flops == lim.max_flops and flags == ("implausible flops",)
     with pytest.raises(SpecError, match="rtt_s"):
-        Device("x", 1e9, 1e6, 1e8, 1e8, rtt_s=-1.0)
+        Device(id="x", flops=1e9, memory_bytes=10**6, uplink_bps=1e8, downlink_bps=1e8, rtt_s=-1.0,
+               power_active_w=0.0, power_idle_w=0.0)
     with pytest.raises(SpecError, match="flops"):
-        Device("x", math.inf, 1e6, 1e8, 1e8)
+        Device(id="x", flops=math.inf, memory_bytes=10**6, uplink_bps=1e8, downlink_bps=1e8, rtt_s=0.0,
+               power_active_w=0.0, power_idle_w=0.0)
     with pytest.raises(ValueError, match="tx_j_per_byte"):
         dataclasses.replace(PROFILES["pi4"], tx_j_per_byte=-1.0)
     assert all(isinstance(p, DeviceProfile) for p in PROFILES.values())  # every shipped profile fits

@@ -12,6 +12,7 @@ from runtime.errors import FoglineError
 DEV = {"id": "pi-07", "labels": {"power-domain": "a"}, "taints": [], "flops": 2e9,
        "memory_bytes": 4e6, "uplink_bps": 1e7, "downlink_bps": 1e7, "rtt_s": 0.002,
        "power_active_w": 5.0, "power_idle_w": 1.0, "tx_j_per_byte": 1e-7, "rx_j_per_byte": 1e-7,
+       "cpu_count": 1,
        "battery": {"capacity_wh": 10.0, "level": 0.5}, "alive": True}
 PROF = {"model": "m", "input_bytes": 3072, "segments": [
     {"name": f"s{i}", "flops": 1e8, "param_bytes": 1e5, "activation_bytes": 5e4,

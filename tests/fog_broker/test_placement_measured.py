@@ -75,7 +75,7 @@ def test_exact_with_measured_times(seed: int, objective: str) -> None:
     rng = random.Random(seed)
     devs, prof = random_instance(rng, 5, 4)
     classes = ["pi4", "orin"]
-    devs = [d if i % 2 else replace(d, labels=d.labels + (("device-class", classes[i % 4 // 2]),))
+    devs = [d if i % 2 else replace(d, labels={**d.labels, "device-class": classes[i % 4 // 2]})
             for i, d in enumerate(devs)]
     times = {"pi4": [rng.uniform(1e-4, 0.2) for _ in prof.segments],
              devs[1].id: [rng.uniform(1e-4, 0.2) for _ in prof.segments]}

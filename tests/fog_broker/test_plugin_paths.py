@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fog_broker.placement import (
-    Battery,
     ChainProfile,
     Device,
     DeviceTable,
@@ -62,9 +61,10 @@ def edges(name: str, typical: float) -> st.SearchStrategy[float]:
 
 
 MOSTLY = st.sampled_from([True, True, True, False])
-batteries = st.one_of(st.none(), st.builds(
-    Battery, st.sampled_from([1e-9, 10.0, 1e6]),
-    st.one_of(st.sampled_from([0.0, 0.2, 1.0]), st.floats(0.0, 1.0)), st.booleans()))
+batteries = st.one_of(st.just({}), st.fixed_dictionaries({
+    "battery_capacity_wh": st.sampled_from([1e-9, 10.0, 1e6]),
+    "battery_level": st.one_of(st.sampled_from([0.0, 0.2, 1.0]), st.floats(0.0, 1.0)),
+    "charging": st.booleans()}))
 
 
 @st.composite
@@ -74,11 +74,12 @@ def devices(draw: st.DrawFn, i: int) -> Device:
         memory_bytes=draw(edges("memory_bytes", 1e6)),
         uplink_bps=draw(edges("uplink_bps", 1e8)), downlink_bps=draw(edges("downlink_bps", 1e8)),
         rtt_s=draw(edges("rtt_s", 1e-3)), power_active_w=draw(edges("power_active_w", 5.0)),
+        power_idle_w=0.0,
         tx_j_per_byte=draw(edges("tx_j_per_byte", 1e-7)),
         rx_j_per_byte=draw(edges("rx_j_per_byte", 1e-7)),
         labels=tuple(draw(st.lists(st.sampled_from(LABELS), unique=True, max_size=2))),
         taints=tuple(draw(st.lists(st.sampled_from(TAINTS), unique=True, max_size=2))),
-        battery=draw(batteries), alive=draw(MOSTLY), providers=tuple(draw(st.lists(
+        **draw(batteries), alive=draw(MOSTLY), providers=tuple(draw(st.lists(
             st.sampled_from([CPU, CUDA]), unique=True))),
         verified=draw(MOSTLY), throttled=not draw(MOSTLY), measured=draw(MOSTLY))
 

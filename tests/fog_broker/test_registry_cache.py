@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from fog_broker.placement.model import Battery, Device, Fleet, Taint
+from fog_broker.placement.model import Device, Fleet, Taint
 from fog_broker.registry import Registry, RegistryConfig
 from runtime.messages import DeviceBirth, DeviceDeath, DeviceState, PartitionStatus
 from runtime.messages import Taint as MsgTaint
@@ -33,11 +33,7 @@ def reference_fleet(reg: Registry, reserved: Mapping[str, float] | None = None) 
         mem = float(b.memory_bytes)
         if st is not None:
             mem = min(mem, float(st.free_memory_bytes) + float(reserved.get(did, 0.0)))
-        battery = None
-        if b.battery_capacity_wh is not None:
-            level = st.battery_level if st is not None and st.battery_level is not None else 1.0
-            battery = Battery(b.battery_capacity_wh, min(max(level, 0.0), 1.0),
-                              bool(st.charging) if st is not None else False)
+        level = st.battery_level if st is not None and st.battery_level is not None else 1.0
         uplink = st.uplink_bps if st is not None and st.uplink_bps else b.uplink_bps
         rtt = st.rtt_s if st is not None and st.rtt_s is not None else b.rtt_s
         devices.append(Device(
@@ -47,7 +43,9 @@ def reference_fleet(reg: Registry, reserved: Mapping[str, float] | None = None) 
             tx_j_per_byte=b.tx_j_per_byte, rx_j_per_byte=b.rx_j_per_byte,
             labels=tuple(sorted(b.labels.items())),
             taints=tuple(Taint(t.key, t.value, t.effect) for t in b.taints),
-            battery=battery, alive=rec.alive, measured=rec.measured_flops is not None,
+            battery_capacity_wh=b.battery_capacity_wh, battery_level=min(max(level, 0.0), 1.0),
+            charging=bool(st.charging) if st is not None else False, alive=rec.alive,
+            measured=rec.measured_flops is not None,
         ))
     return Fleet(tuple(devices))
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from fog_broker.placement import (
-    Battery,
     Fleet,
     Quota,
     SchedulerConfig,
@@ -45,7 +44,7 @@ def check(plan, fl, wls, quotas=None):  # type: ignore[no-untyped-def]
      "selector", "selector mismatch"),
     ("taint", dev("a", taints=(Taint("gpu", "t", "NoSchedule"),)), wl("w"), "taint",
      "untolerated taint"),
-    ("battery", dev("a", battery=Battery(10, 0.05)), wl("w"), "energy", "battery below floor"),
+    ("battery", dev("a", battery_capacity_wh=10.0, battery_level=0.05), wl("w"), "energy", "battery below floor"),
     ("memory", dev("a", memory_bytes=1e3), wl("w"), "fit", "insufficient memory"),
 ])
 def test_single_filter_reasons(name: str, device, w: Workload, gate: str, phrase: str) -> None:  # type: ignore[no-untyped-def]
@@ -60,7 +59,8 @@ def test_single_filter_reasons(name: str, device, w: Workload, gate: str, phrase
 
 
 def test_toleration_and_charging_battery_allow_placement() -> None:
-    fl = fleet(dev("a", taints=(Taint("gpu", "t", "NoSchedule"),), battery=Battery(10, 0.05, True)))
+    fl = fleet(dev("a", taints=(Taint("gpu", "t", "NoSchedule"),), battery_capacity_wh=10.0, battery_level=0.05,
+                   charging=True))
     w = wl("w", tolerations=(Toleration("gpu"),))
     plan = check(schedule(fl, [w]), fl, [w])
     assert plan.result("w").placed

@@ -27,7 +27,7 @@ WIRE_KEYS = ["device_id", "epoch", "seq", "site", "public_key", "flops", "memory
 
 
 def test_every_view_of_a_device_is_the_one_record() -> None:
-    for view in (DeviceBirth, Capabilities, DeviceProfile):
+    for view in (DeviceBirth, Capabilities, DeviceProfile, Device):
         assert issubclass(view, DeviceResources)
         names = {f.name for f in dataclasses.fields(view)}
         assert set(resource_fields()) <= names, view

@@ -23,7 +23,7 @@ from cloud_coordinator.supernodes import devices_of, key_id
 from _coordinator import Deployment
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cloud_coordinator"))
-from cloud_coordinator.strategy import RobustStrategy
+from cloud_coordinator.strategy import RobustStrategy, RoundConfig
 
 from _grid import LocalGrid, pull_client
 
@@ -70,7 +70,8 @@ def test_nan_with_trimmed_mean_and_inf_counts_keep_the_loop_going() -> None:
     g.add(pull_client(np.float32(1.0), noise_seed=1))
     g.add(pull_client(np.float32(1.0), noise_seed=2, examples=float("inf")))
     g.add(pull_client(np.float32(1.0), noise_seed=3, attack="nan"))
-    s = RobustStrategy("trimmed_mean", f=1, fraction_evaluate=0, round_timeout=5, grace=0, max_attempts=1)
+    s = RobustStrategy("trimmed_mean", f=1,
+                       rounds=RoundConfig(fraction_evaluate=0, round_timeout=5, grace=0, max_attempts=1))
     res = s.start(grid=g, initial_arrays=_init(), num_rounds=3)  # returns: no OverflowError, no AggregationError
     assert sorted(res.train_metrics_clientapp) == [1, 2, 3]
     assert all(m["rejected-absurd-example-count"] == 1 for m in res.train_metrics_clientapp.values())

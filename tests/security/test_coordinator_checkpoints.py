@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord
 from cloud_coordinator.policy import CheckpointPolicy
 from cloud_coordinator.settings import key_path
 from cloud_coordinator.store import Checkpoint, CheckpointStore
-from cloud_coordinator.strategy import CHECKPOINT_KEY, RobustStrategy
+from cloud_coordinator.strategy import CHECKPOINT_KEY, CheckpointConfig, RobustStrategy, RoundConfig
 from runtime.errors import LocalViolation
 from runtime.security import Identity, sign_artifact
 
@@ -35,8 +35,9 @@ def _run(dirs: list[Path], rounds: int) -> ArrayRecord:
     for i in range(4):
         g.add(pull_client(np.float32(i), noise_seed=i))
     init = ArrayRecord({"w": Array(np.zeros(4, np.float32))})
-    return RobustStrategy("median", f=1, fraction_evaluate=0.0, round_timeout=5, grace=0,
-                          checkpoint_dirs=dirs).start(grid=g, initial_arrays=init, num_rounds=rounds).arrays
+    return RobustStrategy("median", f=1, rounds=RoundConfig(fraction_evaluate=0.0, round_timeout=5, grace=0),
+                          checkpoints=CheckpointConfig(dirs=dirs)).start(grid=g, initial_arrays=init,
+                                                                         num_rounds=rounds).arrays
 
 
 def _forge(d: Path, rnd: int, like: Path, key: Identity | None) -> None:
@@ -74,8 +75,10 @@ def test_quorum_larger_than_replicas_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(LocalViolation, match="quorum 2 is larger than the 1 replica"):
         CheckpointStore([tmp_path / "only"], CheckpointPolicy(quorum=2))
     with pytest.raises(Exception, match="quorum 3 is larger than the 2 replica"):
-        RobustStrategy("median", f=1, checkpoint_dirs=[tmp_path / "a", tmp_path / "b"],
-                       checkpoint_quorum=3).start(grid=LocalGrid(), initial_arrays=ArrayRecord([np.zeros(2)]))
+        RobustStrategy("median", f=1,
+                       checkpoints=CheckpointConfig(dirs=[tmp_path / "a", tmp_path / "b"],
+                                                    quorum=3)).start(grid=LocalGrid(),
+                                                                     initial_arrays=ArrayRecord([np.zeros(2)]))
 
 
 @pytest.mark.integration

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from cloud_coordinator.policy import CheckpointPolicy, rounds_between_checkpoints
-from simulations.churn import Battery, FailureModel, drain, fault_schedule, time_to_empty
+from simulations.churn import FailureModel, SimBattery, drain, fault_schedule, time_to_empty
 from simulations.goodput import RunModel, simulate_run
 
 
@@ -40,12 +40,12 @@ def test_daly_interval_beats_both_baselines_on_a_churning_run():
 
 
 def test_battery_drains_and_charges_within_bounds():
-    b = Battery(capacity_wh=10.0, level=0.5)
+    b = SimBattery(capacity_wh=10.0, level=0.5)
     assert drain(b, 10.0, 1800).level == pytest.approx(0.0)
     assert drain(b, 10.0, 360).level == pytest.approx(0.4)
-    assert drain(Battery(10.0, 0.99, charge_w=20.0), 0.0, 3600).level == 1.0
+    assert drain(SimBattery(10.0, 0.99, charge_w=20.0), 0.0, 3600).level == 1.0
     assert time_to_empty(b, 10.0) == pytest.approx(1800.0)
-    assert math.isinf(time_to_empty(Battery(10.0, 0.5, charge_w=5.0), 2.0))
+    assert math.isinf(time_to_empty(SimBattery(10.0, 0.5, charge_w=5.0), 2.0))
 
 
 def test_fault_schedule_is_sorted_and_deterministic():
