@@ -557,8 +557,11 @@ class SiteCore:
                                    f"{', rejoin' if cmd.rejoin else ''})", "info"))
                 if cmd.rejoin and cmd.new_epoch:  # back on a new connection (a rebirth lost nothing)
                     out.append(SiteEvent("device back", cmd.device_id, f"epoch {cmd.epoch}"))
-                self.controller.device_joined(cmd.device_id)
+                rec = self.registry.devices.get(cmd.device_id)
+                memory = float(rec.birth.memory_bytes) if rec is not None and rec.birth is not None else None
                 self.dirty = True
+                if self.controller.device_joined(cmd.device_id, memory, now):
+                    out += self.reconcile(now)  # what no longer fits is re-placed at once
             elif isinstance(cmd, ThrottleChanged):
                 out.append(SiteEvent("device throttled" if cmd.throttled else "device unthrottled",
                                      cmd.device_id, "thermal throttling reported"

@@ -67,7 +67,7 @@ class Controller:
         self.counters: dict[str, int] = {"deploys": 0, "undeploys": 0, "retries": 0, "nacks": 0,
                                           "repairs": 0, "repair_fallbacks": 0, "plans": 0,
                                           "adopted": 0, "orphans": 0, "switches": 0, "switches_rolling": 0,
-                                          "switches_broken": 0, "retired": 0}
+                                          "switches_broken": 0, "retired": 0, "evicted_memory": 0}
         self._seq = 0
         self._need_plan = True
         self._last_plan = -math.inf
@@ -180,8 +180,32 @@ class Controller:
         it holds move (the scheduler's ``VerifiedLead``); nothing else that runs is disturbed."""
         self._need_plan = True
 
-    def device_joined(self, device_id: str) -> None:
+    def device_joined(self, device_id: str, memory_bytes: float | None = None, now: float = 0.0) -> bool:
+        """A device (re)joined; ``memory_bytes``: what its birth declares. A birth that declares
+        less than the partitions it is assigned need (a smaller board under the same id, a hostile
+        rebirth) loses the ones past it, last key first: they are re-placed, never left to fail.
+        True when it lost any."""
         self._need_plan = any(e.status == "pending" for e in self.workloads.values()) or self._need_plan
+        if memory_bytes is None:
+            return False
+        held = sorted((a for a in self.assignments.values() if a.device == device_id and a.phase is not Phase.LOST),
+                      key=lambda a: a.key)
+        sizes = {a.key: self._memory_of(a) for a in held}
+        total, lost = sum(sizes.values()), False
+        while held and total > memory_bytes + 1e-6:
+            a = held.pop()
+            total -= sizes[a.key]
+            a.phase, a.lost_at = Phase.LOST, now
+            a.reason = f"does not fit {device_id}'s memory ({int(memory_bytes)} bytes declared at its birth)"
+            self.counters["evicted_memory"] += 1
+            lost = True
+        return lost
+
+    def _memory_of(self, a: Assignment) -> float:
+        entry = self.workloads.get(a.key[0])
+        if entry is None or entry.spec.profile is None:
+            return 0.0
+        return float(entry.spec.profile.memory_of(a.first, a.last))
 
     def device_lost(self, device_id: str, now: float) -> None:
         for a in self.all_parts():

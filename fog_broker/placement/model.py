@@ -183,8 +183,8 @@ class Device(DeviceResources):
         if not self.id:
             raise SpecError("device id must be non-empty")
         mem: object = self.memory_bytes
-        if type(mem) is float and math.isfinite(mem):
-            object.__setattr__(self, "memory_bytes", int(mem))
+        if type(mem) is float and math.isfinite(mem):  # down (floor: -0.001 stays out of range)
+            object.__setattr__(self, "memory_bytes", math.floor(mem))
         labels: Any = self.labels
         if type(labels) is not dict:  # given as pairs: the device's own dict
             object.__setattr__(self, "labels", dict(labels))
