@@ -117,6 +117,7 @@ def test_kill9_of_the_coordinator_takes_superlink_superexec_and_serverapp_and_fr
             coord.kill()
 
 
+@pytest.mark.nightly  # test_coordinator_chaos's step 1 holds this item in make test (docs/testing.md)
 def test_a_dropped_log_stream_does_not_start_a_second_run(tmp_path: Path) -> None:
     """Kill ``flwr run --stream`` mid-run: Flower still runs it, so the coordinator follows it, never resubmits."""
     import os
