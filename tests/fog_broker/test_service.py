@@ -98,7 +98,9 @@ class FakeDevice:
         return data
 
     def birth(self, **kw: Any) -> bytes:
-        kw.setdefault("state_interval_s", 1.0)
+        # 30 s: a fake device sends no periodic STATE, and at 1 s the fog declared it lost (3 missed
+        # intervals) before a wait on a loaded machine saw it alive (two xdist workers, load 20)
+        kw.setdefault("state_interval_s", 30.0)
         b = DeviceBirth(self.id, self.epoch, 0, SITE, kw.pop("public_key", self.identity.public_key_bytes),
                         kw.pop("flops", 1e9), kw.pop("memory_bytes", 10_000_000), 1e8, 1e8, 0.001, 5.0, 2.0, **kw)
         return self.send("BIRTH", b)
