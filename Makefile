@@ -47,8 +47,8 @@ GATE := $(if $(filter 1,$(SKIP_CHECK)),,check)
 # The tiers run as separate pytest steps, in order: unit, integration, serial, e2e
 # (tests/run_tiers.py; the markers are checked by tests/conftest.py). The first failing step stops
 # the run. Worker processes per parallel step: the unit tier on 2; the integration tier in one
-# process for now (INTEGRATION_WORKERS=2 halves its time, but some of its tests still time out when
-# they share the 2 cores: README, Tests).
+# process for now (INTEGRATION_WORKERS=2: two runs on 2 workers at a load of 17-26 each failed;
+# docs/testing.md, "Parallel integration tier").
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 0
 TEST_ENV := PATH="$(CURDIR)/$(BIN):$$PATH:/usr/sbin" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
@@ -58,7 +58,8 @@ test: $(STAMP) $(GATE) mosquitto chromium
 	@$(if $(GATE),,echo "SKIP_CHECK=1: this run skips the static gate (make check)")
 	$(TEST_ENV) $(TIERS) -- $(PYTEST_ARGS)
 
-# make test-flaky N=5: the integration, serial and e2e tiers N times; lists every test that failed once.
+# make test-flaky N=5: the integration (on INTEGRATION_WORKERS), serial and e2e tiers N times, never
+# stopping; lists every test that failed at least once, with how often.
 N ?= 5
 test-flaky: $(STAMP) mosquitto chromium
 	$(TEST_ENV) $(TIERS) --flaky $(N) -- $(PYTEST_ARGS)

@@ -30,6 +30,7 @@ from waiting import wait_for
 # xdist worker (a fog's first status answer took over 10 s there); the checks are the states and
 # reasons reached, never how fast. A passing run waits no longer for them.
 SETTLE_S = 60.0
+MOVE_COUNTERS = ("deploys_sent", "undeploys_sent", "orphans", "repairs", "repair_fallbacks", "retries")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,8 +270,16 @@ def test_fog_restart_redeploys_nothing_healthy_and_cli(procs: Procs, tmp_path: P
     after = next(x for x in st["workloads"] if x["name"] == "res")
     after_parts = sorted((p["index"], p["device"]) for rep in after["placement"] for p in rep["partitions"])
     assert after_parts == before_parts
-    assert st["counters"].get("deploys_sent", 0) == 0, st["counters"]
-    assert st["counters"].get("undeploys_sent", 0) == 0, st["counters"]
+    counters = st["counters"]
+    moves = {k: v for k, v in counters.items() if v and k.rsplit(".", 1)[-1] in MOVE_COUNTERS}
+    assert counters.get("deploys_sent", 0) == 0, moves
+    # An undeploy is allowed only for an orphan: a copy the fleet reports outside the stored placement
+    # (e.g. a move the killed fog had begun). One undeploy was seen once on two xdist workers at a
+    # load of 20, its cause not found: ``moves`` names it next time. A healthy placed partition is
+    # never undeployed: the placement is the same, nothing was repaired, and the fleet holds it.
+    assert counters.get("undeploys_sent", 0) == counters.get("controller.orphans", 0), moves
+    assert counters.get("controller.repairs", 0) == 0, moves
+    assert wait_for(quiet, SETTLE_S, "res running on exactly its placement after the restart")
     np.testing.assert_allclose(c.infer("res", {"x": x}, timeout=30)["logits"], _reference("resnet", x),
                                rtol=1e-4, atol=1e-5)
     r = subprocess.run(cli + ["status"], env=env, cwd=ROOT,

@@ -103,6 +103,7 @@ def _is_closed(sock: socket.socket) -> bool:
 # ------------------------------------------------------------------ finding 6: slow clients
 
 
+@pytest.mark.serial  # asserts a request answered in < 1 s under 600 slow connections: a latency, not a state
 def test_600_slow_connections_are_shed_and_closed_and_a_request_is_still_answered(fog: Fog) -> None:
     port = _port(fog)
     ctx = ssl.create_default_context(cafile=fog.ca)
@@ -233,6 +234,7 @@ class RssWatch:
         return (self.peak - self.base) / MIB
 
 
+@pytest.mark.serial  # asserts 413s in < 3 s and another client never waits 1 s: latencies
 def test_a_gzip_bomb_gets_413_costs_bounded_memory_and_no_other_client_waits(fog: Fog) -> None:
     bomb = _gzip_bomb()
     assert len(bomb) < 3 * MIB
