@@ -148,6 +148,29 @@ class _Attempt:
     selection: dict[str, str] = field(default_factory=dict)     # device -> why it was (not) selected (summaries)
 
 
+def _settled(rounds: RoundConfig, replies: ReplyConfig, checkpoints: CheckpointConfig,
+             settings: Mapping[str, Any]) -> tuple[RoundConfig, ReplyConfig, CheckpointConfig]:
+    """The three records with the fields named directly applied: an app written for ``FedAvg``
+    (``RobustStrategy(fraction_evaluate=0.0, min_train_nodes=3)``) runs unchanged. An unknown name
+    is a TypeError naming it, with the closest known one."""
+    import difflib
+    from dataclasses import fields as fields_of
+    records: list[Any] = [rounds, replies, checkpoints]
+    changes: list[dict[str, Any]] = [{}, {}, {}]
+    for name, value in settings.items():
+        for i, rec in enumerate(records):
+            if name in {f.name for f in fields_of(rec) if f.init}:
+                changes[i][name] = value
+                break
+        else:
+            known = [f.name for rec in records for f in fields_of(rec) if f.init]
+            close = difflib.get_close_matches(name, known, n=1)
+            raise TypeError(f"RobustStrategy got an unexpected keyword argument {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+    out = [replace(rec, **ch) if ch else rec for rec, ch in zip(records, changes)]
+    return out[0], out[1], out[2]
+
+
 class RobustStrategy(Strategy):
     """Byzantine-robust, checkpointed, releasing drop-in for Flower's ``FedAvg``.
 
@@ -170,14 +193,15 @@ class RobustStrategy(Strategy):
                  node_devices: Mapping[str, str] | None = None,
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 work_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 work_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
+                 **settings: Any) -> None:
         self.rule = f"{preaggregator}+{rule}" if preaggregator else rule
         self.f = f
         self.rule_options = dict(rule_options or {})
-        # one frozen record per concern, each defined beside the code that reads it
-        self.rounds = rounds or RoundConfig()
-        self.replies = replies or ReplyConfig()
-        self.checkpoints = checkpoints or CheckpointConfig()
+        # one frozen record per concern, each defined beside the code that reads it; a field may
+        # also be given by its own name, as Flower's FedAvg takes it (``fraction_evaluate=0.0``)
+        self.rounds, self.replies, self.checkpoints = _settled(
+            rounds or RoundConfig(), replies or ReplyConfig(), checkpoints or CheckpointConfig(), settings)
         self._reply_s: list[float] = []  # seconds from sending to each usable reply, earlier attempts
         self.deadline_s = self.rounds.round_timeout  # the current attempt's reply deadline
         self._status: dict[str, Any] = {}  # progress.json / fogline status: replies vs quorum, retries, deadline
