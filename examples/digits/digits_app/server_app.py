@@ -4,7 +4,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from cloud_coordinator import RobustStrategy, RoundConfig
+from cloud_coordinator import RobustStrategy
 from digits_app.task import build, test_set
 
 app = ServerApp()
@@ -13,10 +13,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    strategy = RobustStrategy(rule=str(rc["rule"]), f=int(rc["f"]), seed=int(rc["seed"]),
-                              rounds=RoundConfig(fraction_evaluate=float(rc["fraction-evaluate"]),
-                                                 min_train_nodes=int(rc["min-train-nodes"]),
-                                                 round_timeout=float(rc["round-timeout"]), grace=float(rc["grace"])))
+    strategy = RobustStrategy(rule=str(rc["rule"]), f=int(rc["f"]), fraction_evaluate=float(rc["fraction-evaluate"]),
+                              min_train_nodes=int(rc["min-train-nodes"]), round_timeout=float(rc["round-timeout"]),
+                              grace=float(rc["grace"]), seed=int(rc["seed"]))
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         x, y = test_set(rc)

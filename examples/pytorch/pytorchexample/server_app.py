@@ -3,7 +3,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from cloud_coordinator import RobustStrategy, RoundConfig
+from cloud_coordinator import RobustStrategy
 from pytorchexample.task import Net, load_centralized_dataset, test
 
 # Create ServerApp
@@ -22,7 +22,7 @@ def main(grid: Grid, context: Context) -> None:
     arrays = ArrayRecord(global_model.state_dict())
 
     # The one line that differs from Flower's quickstart (there: FedAvg(fraction_evaluate=...))
-    strategy = RobustStrategy(rounds=RoundConfig(fraction_evaluate=fraction_evaluate))
+    strategy = RobustStrategy(fraction_evaluate=fraction_evaluate)
 
     result = strategy.start(
         grid=grid,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
-from cloud_coordinator import RobustStrategy, RoundConfig
+from cloud_coordinator import RobustStrategy
 from wine_app.task import held_out, initial, score
 
 app = ServerApp()
@@ -13,8 +13,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    strategy = RobustStrategy(rule=str(rc["rule"]), f=int(rc["f"]),
-                              rounds=RoundConfig(min_train_nodes=int(rc["min-train-nodes"])))
+    strategy = RobustStrategy(rule=str(rc["rule"]), f=int(rc["f"]), min_train_nodes=int(rc["min-train-nodes"]))
 
     def central(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         loss, acc = score(arrays.to_numpy_ndarrays(), *held_out(int(rc["seed"])))
